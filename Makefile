@@ -1,0 +1,34 @@
+# structattn: every target sets up .venv itself (CPU torch pinned by constraints.txt).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
+export HF_HUB_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup test test-slow bench reproduce lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install the package with its dev extras
+
+test: $(STAMP)  ## the default test suite (minutes on 2 cores; `slow` tests excluded)
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(STAMP)  ## the long checks only
+	$(PY) -m pytest -m slow || test $$? -eq 5
+
+bench: $(STAMP)  ## the full attention benchmark (T up to 16k)
+	$(PY) benchmarks/attention.py --preset full
+
+reproduce: $(STAMP)  ## the main job: the quick attention benchmark table
+	$(PY) benchmarks/attention.py --preset quick
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -1,0 +1,3 @@
+"""structattn: structure-aware attention for PyTorch (HKT and GL-Fusion)."""
+
+__version__ = "0.1.0"

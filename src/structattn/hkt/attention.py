@@ -1,0 +1,192 @@
+"""The HKT attention layer: levels, per-level bilinear forms, convex fusion, hybrid head.
+
+Hierarchical Kernel Transformer (arXiv 2604.08829) as specified in this project's design notes:
+
+    X^0 = X,  X^l = GELU(LayerNorm(DWConv_l(X^{l-1})))               (causal, stride s)
+    Q^l = X^l W_Q^l,  K^l = X^l W_K^l,  V = X W_V                     (per-level Q/K projections)
+    lambda_h = softmax(theta_h)                                       (convex level weights)
+    O_h = hkt_attention(Q_h, K_h, V_h, lambda_h)
+    Y_h = beta_h O_h + (1 - beta_h) C_h,  C = CausalDWConv(V),  beta_h = sigmoid(b_h)
+    Y = concat_h(Y_h) W_O
+
+Special cases (Prop. 3.4): ``n_levels=1, hybrid=False`` is standard multi-head attention;
+``beta = 0`` is the causal convolution ``W_O(CausalDWConv(X W_V))``.
+
+Shapes: ``x (B, T, D) -> (B, T, D)``; per head ``d = D / H``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .downsample import CausalDepthwiseConv, CausalDownsample
+from .functional import ATTENTION_IMPLS, hkt_attention
+
+__all__ = ["HKTConfig", "HKTAttention"]
+
+
+@dataclass
+class HKTConfig:
+    """Configuration of one :class:`HKTAttention` layer."""
+
+    d_model: int = 256  # model width D
+    n_heads: int = 4  # heads H; head dim d = D / H
+    n_levels: int = 3  # resolution levels L (1 = flat attention)
+    stride: int = 2  # length ratio s >= 2 between consecutive levels
+    causal: bool = True  # causal (decoder) or bidirectional (encoder) attention
+    hybrid: bool = True  # Y = beta*attention + (1-beta)*causal conv; False: attention only
+    impl: str = "fast"  # "fast" (SDPA, exact, O(T) memory) or "reference" (materialised)
+    downsample_kernel: int = 3  # kernel of the causal depthwise conv between levels
+    conv_kernel: int = 3  # kernel of the hybrid head's causal depthwise conv over V
+    beta_init: float = 0.9  # initial beta of the hybrid head (fraction of attention)
+    learn_beta: bool = True  # False: beta stays at beta_init (which may then be exactly 0 or 1)
+    level_logits_init: float = 0.0  # theta init for levels >= 1 (level 0 at 0); 0 = uniform
+    bias: bool = True  # biases in the Q, K, V and output projections
+    attn_dropout: float = 0.0  # dropout on attention probabilities (training only)
+    dropout: float = 0.0  # dropout after the output projection (training only)
+
+    def __post_init__(self) -> None:
+        if self.d_model < 1 or self.n_heads < 1:
+            raise ValueError(
+                f"d_model and n_heads must be >= 1, got d_model={self.d_model}, "
+                f"n_heads={self.n_heads}"
+            )
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.n_levels < 1:
+            raise ValueError(f"n_levels must be >= 1, got {self.n_levels}")
+        if self.stride < 2:
+            raise ValueError(f"stride must be >= 2, got {self.stride}")
+        if self.impl not in ATTENTION_IMPLS:
+            raise ValueError(f"impl must be one of {sorted(ATTENTION_IMPLS)}, got {self.impl!r}")
+        if self.downsample_kernel < 1:
+            raise ValueError(f"downsample_kernel must be >= 1, got {self.downsample_kernel}")
+        if self.conv_kernel < 1:
+            raise ValueError(f"conv_kernel must be >= 1, got {self.conv_kernel}")
+        if self.learn_beta and not 0.0 < self.beta_init < 1.0:
+            raise ValueError(
+                f"beta_init must be in (0, 1) when learn_beta=True, got {self.beta_init}"
+            )
+        if not 0.0 <= self.beta_init <= 1.0:
+            raise ValueError(f"beta_init must be in [0, 1], got {self.beta_init}")
+        for name in ("attn_dropout", "dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {p}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class HKTAttention(nn.Module):
+    """Hierarchical kernel attention layer with a hybrid attention/convolution head.
+
+    Args:
+        config: an :class:`HKTConfig`.
+
+    Forward:
+        x: ``(B, T, D)``.
+        key_padding_mask: ``(B, T)`` bool, True = real token, or None. Outputs at padded
+            positions are 0; real positions never depend on padding (everything is causal
+            along T except the attention itself, which masks padded keys).
+
+    Returns ``(B, T, D)``.
+    """
+
+    def __init__(self, config: HKTConfig):
+        super().__init__()
+        self.config = config
+        D, H, L = config.d_model, config.n_heads, config.n_levels
+        self.downsample = nn.ModuleList(
+            CausalDownsample(D, config.downsample_kernel, config.stride) for _ in range(L - 1)
+        )
+        self.q_proj = nn.ModuleList(nn.Linear(D, D, bias=config.bias) for _ in range(L))
+        self.k_proj = nn.ModuleList(nn.Linear(D, D, bias=config.bias) for _ in range(L))
+        self.v_proj = nn.Linear(D, D, bias=config.bias)
+        self.o_proj = nn.Linear(D, D, bias=config.bias)
+        theta = torch.full((H, L), config.level_logits_init)
+        theta[:, 0] = 0.0
+        self.level_logits = nn.Parameter(theta)  # theta (H, L); lambda = softmax(theta)
+        if config.hybrid:
+            self.conv = CausalDepthwiseConv(D, config.conv_kernel)
+            if config.learn_beta:
+                b = math.log(config.beta_init / (1.0 - config.beta_init))
+                self.beta_logits = nn.Parameter(torch.full((H,), b))  # beta = sigmoid(b)
+            else:
+                self.register_buffer("beta_fixed", torch.full((H,), config.beta_init))
+        self.out_dropout = nn.Dropout(config.dropout)
+
+    def level_weights(self) -> Tensor:
+        """Convex level weights ``lambda = softmax(theta)``, shape ``(H, L)``."""
+        return torch.softmax(self.level_logits, dim=-1)
+
+    def beta(self) -> Tensor:
+        """Attention share of the hybrid head per head, shape ``(H,)`` (ones if not hybrid)."""
+        if not self.config.hybrid:
+            return torch.ones(self.config.n_heads, device=self.level_logits.device)
+        if self.config.learn_beta:
+            return torch.sigmoid(self.beta_logits)
+        return self.beta_fixed
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        H = self.config.n_heads
+        return x.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, d)
+
+    def levels(self, x: Tensor) -> list[Tensor]:
+        """Inputs of every level ``[X^0, ..., X^{L-1}]``, level ``l`` of shape ``(B, T_l, D)``."""
+        out = [x]
+        for down in self.downsample:
+            out.append(down(out[-1]))
+        return out
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        cfg = self.config
+        if x.dim() != 3 or x.shape[-1] != cfg.d_model:
+            raise ValueError(
+                f"x must have shape (B, T, d_model={cfg.d_model}), got {tuple(x.shape)}"
+            )
+        B, T, D = x.shape
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, T):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, T) = {(B, T)}, "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        xs = self.levels(x)
+        q = [self._heads(proj(x_l)) for proj, x_l in zip(self.q_proj, xs)]  # (B, H, T_l, d)
+        k = [self._heads(proj(x_l)) for proj, x_l in zip(self.k_proj, xs)]  # (B, H, T_l, d)
+        v_flat = self.v_proj(x)  # (B, T, D)
+        lam = self.level_weights().to(x.dtype)  # (H, L)
+        o = hkt_attention(
+            q,
+            k,
+            self._heads(v_flat),
+            lam,
+            stride=cfg.stride,
+            causal=cfg.causal,
+            key_padding_mask=key_padding_mask,
+            impl=cfg.impl,
+            dropout_p=cfg.attn_dropout if self.training else 0.0,
+        )  # (B, H, T, d)
+        y = o.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        if cfg.hybrid:
+            beta = self.beta().to(x.dtype).repeat_interleave(cfg.head_dim)  # (D,) per channel
+            y = beta * y + (1.0 - beta) * self.conv(v_flat)
+        y = self.out_dropout(self.o_proj(y))
+        if key_padding_mask is not None:
+            y = y.masked_fill(~key_padding_mask[..., None], 0.0)
+        return y
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"d_model={c.d_model}, n_heads={c.n_heads}, n_levels={c.n_levels}, "
+            f"stride={c.stride}, causal={c.causal}, hybrid={c.hybrid}, impl={c.impl!r}"
+        )

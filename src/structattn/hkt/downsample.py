@@ -1,0 +1,68 @@
+"""Trainable causal downsampling between HKT resolution levels.
+
+    X^l = GELU(LayerNorm(DWConv_l(X^{l-1}))),   T_l = ceil(T_{l-1} / s)
+
+``DWConv_l`` is a depthwise ``Conv1d`` with kernel ``k``, stride ``s`` and ``k - 1`` zeros of
+left padding. Output ``c`` then reads input positions ``c*s - k + 1 ... c*s``, so the coarse token
+``c`` at level ``l`` depends only on fine positions ``<= c * s^l``: broadcast back to the fine
+positions ``c*s^l ... (c+1)*s^l - 1`` it never sees the future.
+
+Shapes: ``(B, T, D) -> (B, ceil(T / s), D)``.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["CausalDownsample", "CausalDepthwiseConv"]
+
+
+class CausalDepthwiseConv(nn.Module):
+    """Depthwise ``Conv1d`` over time with ``kernel_size - 1`` left zeros: output ``t`` reads
+    inputs ``t*stride - kernel_size + 1 ... t*stride`` only.
+
+    Args:
+        channels: ``D``, one filter per channel.
+        kernel_size: ``k >= 1``.
+        stride: ``1`` keeps the length, ``s`` gives ``ceil(T / s)`` outputs.
+        bias: learn a per-channel bias (default True).
+
+    Shapes: ``(B, T, D) -> (B, ceil(T / stride), D)``.
+    """
+
+    def __init__(self, channels: int, kernel_size: int, stride: int = 1, bias: bool = True):
+        super().__init__()
+        if kernel_size < 1:
+            raise ValueError(f"kernel_size must be >= 1, got {kernel_size}")
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.conv = nn.Conv1d(
+            channels, channels, kernel_size, stride=stride, groups=channels, bias=bias
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # (B, D, k - 1 + T)
+        return self.conv(x).transpose(1, 2)  # (B, ceil(T / stride), D)
+
+
+class CausalDownsample(nn.Module):
+    """One level step of HKT: causal depthwise strided conv, LayerNorm, GELU.
+
+    Args:
+        d_model: ``D``.
+        kernel_size: depthwise kernel ``k`` (default 3).
+        stride: ``s >= 2`` (default 2).
+    """
+
+    def __init__(self, d_model: int, kernel_size: int = 3, stride: int = 2):
+        super().__init__()
+        if stride < 2:
+            raise ValueError(f"stride must be >= 2, got {stride}")
+        self.conv = CausalDepthwiseConv(d_model, kernel_size, stride)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.norm(self.conv(x)))  # (B, ceil(T / s), D)

@@ -1,0 +1,5 @@
+"""Small shared utilities."""
+
+from .memory import TensorMemoryTracker
+
+__all__ = ["TensorMemoryTracker"]

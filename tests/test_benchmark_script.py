@@ -1,0 +1,50 @@
+"""benchmarks/attention.py runs end to end on tiny sizes and writes its table, JSON and plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_benchmark_writes_outputs(tmp_path, capsys):
+    bench = _load()
+    argv = [
+        "--seq-lens",
+        "64",
+        "96",
+        "--head-dims",
+        "8",
+        "--levels",
+        "1",
+        "3",
+        "--repeats",
+        "1",
+        "--reference-max-len",
+        "64",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    bench.main(argv)
+    out = capsys.readouterr().out
+    assert "fast / SDPA" in out
+    data = json.loads((tmp_path / "attention.json").read_text())
+    rows = data["rows"]
+    assert [(r["T"], r["L"]) for r in rows] == [(64, 1), (64, 3), (96, 1), (96, 3)]
+    assert all(r["sdpa_ratio"] == 1.0 for r in rows)
+    assert "hkt_ref_ms" in rows[0] and "hkt_ref_ms" not in rows[2]  # reference capped at T=64
+    # The materialised reference allocates more than the O(T) fast path.
+    assert rows[1]["hkt_ref_peak_mib"] > rows[1]["hkt_fast_peak_mib"]
+    assert (tmp_path / "attention.png").stat().st_size > 0
+    assert (tmp_path / "attention.md").read_text().startswith("Attention forward+backward")

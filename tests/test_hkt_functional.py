@@ -1,0 +1,239 @@
+"""hkt_attention: fast path against the materialised reference, special cases, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from structattn.hkt import hkt_attention, hkt_cost, hkt_scores, level_lengths
+
+LENGTHS = (1, 2, 37, 97, 1025)
+
+
+def make_inputs(
+    T, n_levels, stride, *, B=2, H=2, d=4, d_v=3, dtype=torch.float64, seed=0, padded=False
+):
+    g = torch.Generator().manual_seed(seed)
+    lengths = level_lengths(T, n_levels, stride)
+    q = [torch.randn(B, H, t, d, generator=g, dtype=dtype) for t in lengths]
+    k = [torch.randn(B, H, t, d, generator=g, dtype=dtype) for t in lengths]
+    v = torch.randn(B, H, T, d_v, generator=g, dtype=dtype)
+    theta = torch.randn(H, n_levels, generator=g, dtype=dtype)
+    mask = None
+    if padded:
+        # Row 0 is full, the others are right-padded to random lengths >= 1.
+        real = torch.randint(1, T + 1, (B,), generator=g)
+        real[0] = T
+        mask = torch.arange(T)[None, :] < real[:, None]
+    return q, k, v, theta, mask
+
+
+def _grads(out, tensors, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    upstream = torch.randn(out.shape, generator=g, dtype=out.dtype)
+    return torch.autograd.grad(out, tensors, upstream, allow_unused=False)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("stride", [2, 3])
+@pytest.mark.parametrize("n_levels", [1, 2, 3, 4])
+@pytest.mark.parametrize("T", LENGTHS)
+def test_fast_matches_reference_forward_backward(T, n_levels, stride, causal, padded):
+    q, k, v, theta, mask = make_inputs(T, n_levels, stride, padded=padded, seed=T + n_levels)
+    leaves = [*q, *k, v, theta]
+    for t in leaves:
+        t.requires_grad_(True)
+    outs, grads = {}, {}
+    for impl in ("reference", "fast"):
+        lam = torch.softmax(theta, -1)
+        out = hkt_attention(
+            q, k, v, lam, stride=stride, causal=causal, key_padding_mask=mask, impl=impl
+        )
+        outs[impl] = out
+        grads[impl] = _grads(out, leaves)
+    torch.testing.assert_close(outs["fast"], outs["reference"], rtol=1e-10, atol=1e-10)
+    for g_fast, g_ref in zip(grads["fast"], grads["reference"]):
+        torch.testing.assert_close(g_fast, g_ref, rtol=1e-9, atol=1e-9)
+    if mask is not None:
+        assert (outs["fast"].masked_select(~mask[:, None, :, None]) == 0).all()
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_fast_matches_reference_with_holes_in_mask(causal):
+    """A mask that is not right padding (holes, a fully padded row) stays exact and finite."""
+    q, k, v, theta, _ = make_inputs(29, 3, 2, B=3)
+    mask = torch.rand(3, 29, generator=torch.Generator().manual_seed(3)) > 0.4
+    mask[2] = False  # a sequence with no real token
+    lam = torch.softmax(theta, -1)
+    for t in (*q, *k, v):
+        t.requires_grad_(True)
+    outs = [
+        hkt_attention(q, k, v, lam, causal=causal, key_padding_mask=mask, impl=impl)
+        for impl in ("reference", "fast")
+    ]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
+    assert torch.isfinite(outs[1]).all()
+    assert (outs[1][2] == 0).all()
+    g_ref, g_fast = (_grads(o, [*q, *k, v]) for o in outs)
+    for a, b in zip(g_fast, g_ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_gradcheck(impl, causal):
+    q, k, v, theta, mask = make_inputs(7, 3, 2, B=2, H=2, d=3, d_v=2, padded=True, seed=5)
+    inputs = [*q, *k, v, theta]
+    for t in inputs:
+        t.requires_grad_(True)
+
+    def fn(q0, q1, q2, k0, k1, k2, v, theta):
+        lam = torch.softmax(theta, -1)
+        return hkt_attention(
+            [q0, q1, q2], [k0, k1, k2], v, lam, causal=causal, key_padding_mask=mask, impl=impl
+        )
+
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_low_precision_error_bounded_by_same_precision_baseline(dtype, impl):
+    """Each path in low precision is at most 2x (plus a floor) as far from the float64 truth as
+    plain SDPA attention is in the same precision."""
+    q, k, v, theta, mask = make_inputs(97, 3, 2, B=2, H=2, d=16, d_v=16, padded=True)
+    lam = torch.softmax(theta, -1)
+    truth = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="reference")
+    low = hkt_attention(
+        [t.to(dtype) for t in q],
+        [t.to(dtype) for t in k],
+        v.to(dtype),
+        lam.to(dtype),
+        key_padding_mask=mask,
+        impl=impl,
+    )
+    assert low.dtype == dtype
+    err = (low.double() - truth).abs().max().item()
+    sdpa_truth = F.scaled_dot_product_attention(q[0], k[0], v, is_causal=True)
+    sdpa_low = F.scaled_dot_product_attention(
+        q[0].to(dtype), k[0].to(dtype), v.to(dtype), is_causal=True
+    )
+    baseline = (sdpa_low.double() - sdpa_truth).abs().max().item()
+    assert err <= 2 * baseline + 4 * torch.finfo(dtype).eps, (err, baseline)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_single_level_weight_is_standard_attention(impl, causal):
+    """lambda = e_0 (any L) is exactly SDPA on level 0 (Prop. 3.4)."""
+    q, k, v, _, _ = make_inputs(37, 3, 2)
+    lam = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    out = hkt_attention(q, k, v, lam, causal=causal, impl=impl)
+    expected = F.scaled_dot_product_attention(q[0], k[0], v, is_causal=causal)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_coarsest_level_only_gives_block_constant_scores():
+    """lambda = e_{L-1}: the fused score depends only on (i // s^(L-1), j // s^(L-1))."""
+    q, k, _, _, _ = make_inputs(24, 3, 2)
+    scores = hkt_scores(q, k, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
+    blocks = scores.unflatten(-1, (6, 4)).unflatten(-3, (6, 4))  # (B, H, 6, 4, 6, 4)
+    assert torch.equal(blocks, blocks[:, :, :, :1, :, :1].expand_as(blocks))
+
+
+def test_level_weights_shared_or_per_head_agree():
+    q, k, v, theta, _ = make_inputs(20, 2, 2, H=3)
+    lam = torch.softmax(theta[0], -1)  # (L,)
+    a = hkt_attention(q, k, v, lam)
+    b = hkt_attention(q, k, v, lam.expand(3, -1))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_causality_by_perturbation_functional(impl):
+    """Changing fine positions >= t (and coarse rows only they use) never changes outputs < t."""
+    T, L, s = 50, 3, 2
+    q, k, v, theta, _ = make_inputs(T, L, s)
+    lam = torch.softmax(theta, -1)
+    base = hkt_attention(q, k, v, lam, impl=impl)
+    for t in (1, 13, 32, 49):
+        q2 = [x.clone() for x in q]
+        k2 = [x.clone() for x in k]
+        for l in range(L):
+            first_future = (t - 1) // s**l + 1  # coarse rows used only by positions >= t
+            q2[l][:, :, first_future:] += 10.0
+            k2[l][:, :, first_future:] -= 10.0
+        v2 = v.clone()
+        v2[:, :, t:] *= -3.0
+        out = hkt_attention(q2, k2, v2, lam, impl=impl)
+        torch.testing.assert_close(out[:, :, :t], base[:, :, :t], rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(out[:, :, t:], base[:, :, t:])
+
+
+def _valid():
+    q, k, v, theta, _ = make_inputs(10, 3, 2)
+    return q, k, v, torch.softmax(theta, -1)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda q, k, v, lam: (q[:2], k, v, lam, {}), "q has 2 levels but k has 3"),
+        (
+            lambda q, k, v, lam: ([q[0], q[1], q[2][:, :, :2]], k, v, lam, {}),
+            r"q\[2\] has shape",
+        ),
+        (lambda q, k, v, lam: (q, k, v, lam, {"stride": 3}), r"q\[1\] has shape"),
+        (lambda q, k, v, lam: (q, k, v, lam, {"stride": 1}), "stride must be >= 2"),
+        (lambda q, k, v, lam: (q, k, v, -lam, {}), "non-negative"),
+        (lambda q, k, v, lam: (q, k, v, lam * 0.5, {}), "sum to 1"),
+        (lambda q, k, v, lam: (q, k, v, lam[:, :2], {}), "level_weights must have shape"),
+        (lambda q, k, v, lam: (q, k, v, lam[:1].expand(5, 3), {}), "level_weights must have"),
+        (
+            lambda q, k, v, lam: (q, k, v, lam, {"key_padding_mask": torch.ones(2, 9) > 0}),
+            "key_padding_mask must have shape",
+        ),
+        (
+            lambda q, k, v, lam: (q, k, v, lam, {"key_padding_mask": torch.ones(2, 10)}),
+            "key_padding_mask must be bool",
+        ),
+        (lambda q, k, v, lam: (q, k, v, lam, {"impl": "nope"}), "impl must be one of"),
+        (lambda q, k, v, lam: (q[0], k, v, lam, {}), "sequences of per-level tensors"),
+        (lambda q, k, v, lam: ([], [], v, lam, {}), "at least one level"),
+    ],
+)
+def test_bad_input_raises_value_error(mutate, match):
+    q, k, v, lam, kwargs = mutate(*_valid())
+    with pytest.raises(ValueError, match=match):
+        hkt_attention(q, k, v, lam, **kwargs)
+
+
+def test_level_lengths_any_T():
+    assert level_lengths(1025, 4, 2) == [1025, 513, 257, 129]
+    assert level_lengths(1, 3, 3) == [1, 1, 1]
+    assert level_lengths(10, 3, 3) == [10, 4, 2]
+
+
+def test_cost_model():
+    c = hkt_cost(3, 2)
+    assert c.paper_score_ratio == pytest.approx(1.3125)
+    assert c.paper_bound == pytest.approx(4 / 3)
+    assert c.fast_score_ratio == 3.0
+    assert c.fused_total_ratio == pytest.approx((1.3125 + 1) / 2)
+    # Any L stays under the bound; L = 1 costs exactly standard attention.
+    assert all(
+        hkt_cost(L, s).paper_score_ratio < hkt_cost(L, s).paper_bound
+        for L in range(1, 9)
+        for s in (2, 3, 4)
+    )
+    assert hkt_cost(1, 2).paper_score_ratio == 1.0 == hkt_cost(1, 2).fast_total_ratio
+    # Exact lengths: T = 5, L = 2, s = 2 -> T_1 = 3.
+    exact = hkt_cost(2, 2, seq_len=5, head_dim=8)
+    assert exact.paper_score_ratio == pytest.approx((25 + 9) / 25)
+    assert exact.mha_flops == 4 * 25 * 8
+    assert math.isclose(hkt_cost(3, 2, seq_len=4096).paper_score_ratio, 1.3125)

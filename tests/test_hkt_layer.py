@@ -1,0 +1,211 @@
+"""HKTAttention: exactness of the fast path, causality, padding, special cases (Prop. 3.4)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from structattn.hkt import CausalDownsample, HKTAttention, HKTConfig
+
+
+def make_layer(seed=0, dtype=torch.float64, **overrides):
+    cfg = dict(d_model=16, n_heads=4, n_levels=3, stride=2, causal=True, hybrid=True)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    layer = HKTAttention(HKTConfig(**cfg)).to(dtype).eval()
+    with torch.no_grad():  # move the level weights and beta off their symmetric init
+        layer.level_logits.normal_()
+        if hasattr(layer, "beta_logits"):
+            layer.beta_logits.normal_()
+    return layer
+
+
+def _randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("T", [1, 2, 37, 97])
+def test_fast_layer_matches_reference_layer(T, causal):
+    fast = make_layer(causal=causal, impl="fast")
+    ref = copy.deepcopy(fast)
+    ref.config.impl = "reference"
+    x = _randn(2, T, 16)
+    mask = torch.ones(2, T, dtype=torch.bool)
+    mask[1, (T + 1) // 2 :] = False
+    y_fast, y_ref = fast(x, mask), ref(x, mask)
+    torch.testing.assert_close(y_fast, y_ref, rtol=1e-10, atol=1e-10)
+    upstream = _randn(*y_fast.shape, seed=1)
+    g_fast = torch.autograd.grad(y_fast, list(fast.parameters()), upstream)
+    g_ref = torch.autograd.grad(y_ref, list(ref.parameters()), upstream)
+    for (name, _), a, b in zip(fast.named_parameters(), g_fast, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    T=st.integers(2, 70),
+    n_levels=st.integers(1, 4),
+    stride=st.integers(2, 3),
+    kernel=st.integers(1, 5),
+    hybrid=st.booleans(),
+    impl=st.sampled_from(["fast", "reference"]),
+    data=st.data(),
+)
+def test_layer_causality_by_perturbation(T, n_levels, stride, kernel, hybrid, impl, data):
+    """Changing positions >= t never changes outputs < t (downsampling, levels and conv)."""
+    t = data.draw(st.integers(1, T - 1), label="t")
+    layer = make_layer(
+        n_levels=n_levels,
+        stride=stride,
+        downsample_kernel=kernel,
+        conv_kernel=kernel,
+        hybrid=hybrid,
+        impl=impl,
+    )
+    x = _randn(2, T, 16)
+    x2 = x.clone()
+    x2[:, t:] = _randn(2, T - t, 16, seed=7) * 5
+    y, y2 = layer(x), layer(x2)
+    torch.testing.assert_close(y2[:, :t], y[:, :t], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(y2[:, t:], y[:, t:])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_padding_never_changes_real_positions(causal):
+    """A right-padded batch gives, at real positions, exactly the unpadded per-sequence outputs;
+    padded positions are 0 whatever the padding holds."""
+    layer = make_layer(causal=causal)
+    lengths = [23, 9, 1]
+    x = _randn(3, 23, 16)
+    x[1, 9:] = 1e3  # garbage in the padding
+    x[2, 1:] = -1e3
+    mask = torch.arange(23)[None] < torch.tensor(lengths)[:, None]
+    y = layer(x, mask)
+    for b, n in enumerate(lengths):
+        alone = layer(x[b : b + 1, :n])
+        torch.testing.assert_close(y[b : b + 1, :n], alone, rtol=1e-10, atol=1e-10)
+        assert (y[b, n:] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_one_level_without_conv_is_multihead_attention(impl, causal):
+    """Prop. 3.4: L = 1, beta = 1 equals torch's nn.MultiheadAttention with the same weights."""
+    layer = make_layer(n_levels=1, hybrid=False, impl=impl, causal=causal)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True, dtype=torch.float64).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(
+            torch.cat([layer.q_proj[0].weight, layer.k_proj[0].weight, layer.v_proj.weight])
+        )
+        mha.in_proj_bias.copy_(
+            torch.cat([layer.q_proj[0].bias, layer.k_proj[0].bias, layer.v_proj.bias])
+        )
+        mha.out_proj.weight.copy_(layer.o_proj.weight)
+        mha.out_proj.bias.copy_(layer.o_proj.bias)
+    x = _randn(2, 31, 16)
+    blocked = torch.ones(31, 31, dtype=torch.bool).triu(1) if causal else None
+    expected, _ = mha(x, x, x, attn_mask=blocked, need_weights=False)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_beta_zero_is_the_causal_convolution():
+    """Prop. 3.4: beta = 0 leaves only W_O(CausalDWConv(X W_V)); attention has no effect."""
+    layer = make_layer(learn_beta=False, beta_init=0.0)
+    x = _randn(2, 40, 16)
+    y = layer(x)
+    expected = layer.o_proj(layer.conv(layer.v_proj(x)))
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)  # GEMM layouts differ
+    with torch.no_grad():  # the attention parameters then have no effect at all
+        for proj in (*layer.q_proj, *layer.k_proj):
+            proj.weight.normal_()
+        layer.level_logits.normal_()
+    torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
+    # Independent check of the branch itself: a causal depthwise conv by explicit sums.
+    v = layer.v_proj(x)
+    w = layer.conv.conv.weight[:, 0]  # (D, k)
+    k = w.shape[-1]
+    manual = torch.zeros_like(v)
+    for t in range(40):
+        for j in range(k):  # weight j multiplies input t - (k - 1 - j)
+            src = t - (k - 1 - j)
+            if src >= 0:
+                manual[:, t] += w[:, j] * v[:, src]
+    manual += layer.conv.conv.bias
+    torch.testing.assert_close(layer.conv(v), manual, rtol=1e-12, atol=1e-12)
+
+
+def test_beta_one_fixed_equals_non_hybrid():
+    a = make_layer(learn_beta=False, beta_init=1.0, seed=3)
+    b = make_layer(hybrid=False, seed=3)
+    b.load_state_dict({k: v for k, v in a.state_dict().items() if k in b.state_dict()})
+    x = _randn(2, 25, 16)
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+
+
+def test_level_weights_are_convex_and_beta_in_unit_interval():
+    layer = make_layer(n_levels=4)
+    lam = layer.level_weights()
+    assert lam.shape == (4, 4)
+    assert (lam >= 0).all()
+    torch.testing.assert_close(lam.sum(-1), torch.ones(4, dtype=lam.dtype))
+    beta = layer.beta()
+    assert beta.shape == (4,) and ((beta > 0) & (beta < 1)).all()
+    fresh = HKTAttention(HKTConfig(d_model=16, n_heads=4, beta_init=0.7))
+    torch.testing.assert_close(fresh.beta(), torch.full((4,), 0.7))
+    torch.testing.assert_close(fresh.level_weights(), torch.full((4, 3), 1 / 3))
+
+
+def test_downsampler_lengths_and_alignment():
+    """ceil(T/s) outputs; coarse token c reads fine positions <= c*s only."""
+    down = CausalDownsample(8, kernel_size=4, stride=3).double()
+    for T in (1, 2, 3, 4, 10, 11):
+        assert down(_randn(1, T, 8)).shape == (1, -(-T // 3), 8)
+    x = _randn(1, 12, 8)
+    base = down(x)
+    for c in range(4):
+        x2 = x.clone()
+        x2[:, c * 3 + 1 :] += 1.0
+        torch.testing.assert_close(down(x2)[:, : c + 1], base[:, : c + 1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_runs_in_low_precision_and_backpropagates(dtype):
+    layer = make_layer(dtype=dtype).train()
+    x = _randn(2, 33, 16, dtype=dtype).requires_grad_(True)
+    y = layer(x)
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    y.float().square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+    assert layer.level_logits.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(d_model=30, n_heads=4), "divisible by n_heads"),
+        (dict(n_levels=0), "n_levels must be >= 1"),
+        (dict(stride=1), "stride must be >= 2"),
+        (dict(impl="flash9"), "impl must be one of"),
+        (dict(beta_init=1.0), "beta_init must be in \\(0, 1\\)"),
+        (dict(learn_beta=False, beta_init=1.5), "beta_init must be in \\[0, 1\\]"),
+        (dict(dropout=1.0), "dropout must be in"),
+        (dict(conv_kernel=0), "conv_kernel must be >= 1"),
+    ],
+)
+def test_bad_config_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HKTConfig(**kwargs)
+
+
+def test_bad_layer_input_raises():
+    layer = make_layer()
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer(_randn(2, 5, 8))
+    with pytest.raises(ValueError, match="key_padding_mask must have shape"):
+        layer(_randn(2, 5, 16), torch.ones(2, 6, dtype=torch.bool))
