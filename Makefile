@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test test-slow bench reproduce lint clean
+.PHONY: setup data test test-slow bench reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install the package with its dev extras
+
+data: $(STAMP)  ## fetch the offline stand-in datasets into the data cache (idempotent)
+	$(VENV)/bin/structattn data fetch
 
 test: $(STAMP)  ## the default test suite (minutes on 2 cores; `slow` tests excluded)
 	$(PY) -m pytest -m "not slow"

