@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup data test test-slow bench reproduce lint clean
+.PHONY: setup data test test-slow bench bench-quick reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,10 @@ test-slow: $(STAMP)  ## the long checks only
 bench: $(STAMP)  ## the full attention benchmark (T up to 16k)
 	$(PY) benchmarks/attention.py --preset full
 
-reproduce: $(STAMP)  ## the main job: the quick attention benchmark table
+reproduce: data  ## the main job: HKT vs MHA on the three tasks (quick preset), table + plots
+	$(VENV)/bin/structattn reproduce --preset quick --seeds 0 1 2
+
+bench-quick: $(STAMP)  ## the attention benchmark on a small grid (about 2 minutes)
 	$(PY) benchmarks/attention.py --preset quick
 
 lint: $(STAMP)

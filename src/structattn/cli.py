@@ -4,6 +4,9 @@
     structattn data fetch [--data-dir DIR] [--only fashion-mnist spam-assassin]
     structattn data summary --task listops|image|text [--data-dir DIR]
     structattn params [--task listops] [--d-model 128 ...] [--out params.json]
+    structattn train --config listops-hkt [--preset quick] [--seed 0] [--train.max-steps N ...]
+    structattn eval RUN_DIR [--split test]
+    structattn reproduce [--preset quick|paper] [--seeds 0 1 2] [--tasks listops image text]
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
 subcommand lists them with their defaults.
@@ -11,7 +14,9 @@ subcommand lists them with their defaults.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -148,12 +153,101 @@ class Data:
         self.command.run()
 
 
-COMMANDS = {"cost": Cost, "data": Data, "params": Params}
+@dataclass
+class Eval:
+    """Evaluate a run's best weights (or latest checkpoint) on a split."""
+
+    run_dir: tyro.conf.Positional[Path]  # a run directory written by `structattn train`
+    split: str = "test"  # train | val | test
+
+    def run(self) -> None:
+        from structattn.train import evaluate_run
+
+        result = evaluate_run(self.run_dir, self.split)
+        print(json.dumps(result, indent=2))
+
+
+@dataclass
+class Reproduce:
+    """Train HKT and MHA on each task and seed, then print the paper's comparison table."""
+
+    preset: str = "quick"  # quick (CPU, minutes) | paper (the paper's T and sizes)
+    seeds: tuple[int, ...] = (0, 1, 2)  # seeds per task and model
+    tasks: tuple[str, ...] = ("listops", "image", "text")  # subset of listops image text
+    out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
+    data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
+    progress: bool = True  # tqdm bars per run
+
+    def run(self) -> None:
+        from structattn.train.reproduce import reproduce, results_table
+
+        results = reproduce(
+            self.preset, self.seeds, self.tasks, self.out_dir, self.data_dir, progress=self.progress
+        )
+        print(results_table(results))
+        print(
+            f"\nwrote {results['root']}/results.md, results.json, val_accuracy.png, "
+            "hkt_levels_beta.png",
+            file=sys.stderr,
+        )
+
+
+@dataclass
+class Diagnose:
+    """Measure the paper's theory on a trained HKT run: report (md, JSON) and PNG plots."""
+
+    run_dir: tyro.conf.Positional[Path]  # a run directory of an HKT model
+    out_dir: Path | None = None  # default RUN_DIR/diagnostics
+    sequences: int = 4  # validation sequences to measure on
+    max_len: int = 256  # truncate them to this length (eigen-decompositions are O(T^3))
+
+    def run(self) -> None:
+        from structattn.train.diagnose import diagnose, summary_line
+
+        report = diagnose(self.run_dir, self.out_dir, self.sequences, self.max_len)
+        print(summary_line(report))
+        print("wrote " + ", ".join(report["plots"]) + " and diagnostics.md / .json")
+
+
+COMMANDS = {
+    "cost": Cost,
+    "data": Data,
+    "diagnose": Diagnose,
+    "eval": Eval,
+    "params": Params,
+    "reproduce": Reproduce,
+}
+
+
+def train_main(argv: list[str]) -> None:
+    """``structattn train``: a YAML preset, then dataclass flags on top of it."""
+    from structattn.train.config import ExperimentConfig, load_experiment
+    from structattn.train.loop import train
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    pre.add_argument("--preset", default="quick")
+    known, rest = pre.parse_known_args(argv)
+    base = load_experiment(known.config, known.preset) if known.config else ExperimentConfig()
+    cfg = tyro.cli(
+        ExperimentConfig,
+        default=base,
+        args=rest,
+        prog="structattn train",
+        description="Train one task/model/seed. --config NAME|PATH (configs/<task>-<model>.yaml)"
+        " and --preset quick|paper choose the defaults below; every flag overrides them.",
+    )
+    final = train(cfg)
+    print(json.dumps(final, indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``structattn`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv and argv[0] == "train":
+            train_main(argv[1:])
+            return
         command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
         command.run()
     except (

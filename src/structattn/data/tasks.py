@@ -52,6 +52,7 @@ class TaskSpec:
     listops_sizes: tuple[int, int, int] = (96000, 2000, 2000)  # generated train/val/test sizes
     listops_min_length: int = 64  # shortest generated ListOps example (tokens without parens)
     rgb: bool = False  # CIFAR-10 as interleaved RGB (T = 3072) instead of grey
+    image_pool: int = 1  # average-pool images k x k before flattening (2: 28x28 -> 14x14)
     val_fraction: float = 0.1  # validation share carved out of training data when needed
     seed: int = 0  # split and generation seed
 
@@ -66,6 +67,8 @@ class TaskSpec:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.image_pool < 1:
+            raise ValueError(f"image_pool must be >= 1, got {self.image_pool}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
 
@@ -152,6 +155,15 @@ def _train_val(spec, seqs, labels):
     )
 
 
+def _pool(images: np.ndarray, k: int) -> np.ndarray:
+    """Average-pool ``(N, H, W[, C])`` uint8 images by ``k`` per side (edges cropped)."""
+    n, h, w = images.shape[:3]
+    h, w = h // k * k, w // k * k
+    x = images[:, :h, :w].astype(np.float64)
+    x = x.reshape(n, h // k, k, w // k, k, *images.shape[3:]).mean(axis=(2, 4))
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
 def _image(spec: TaskSpec, root: Path) -> TaskData:
     cifar = root / "cifar-10-batches-py"
     if _pick(spec, cifar, "CIFAR-10 python batches"):
@@ -177,6 +189,10 @@ def _image(spec: TaskSpec, root: Path) -> TaskData:
         source, stand_in, names = "Fashion-MNIST (stand-in for CIFAR-10)", True, FASHION_CLASSES
         if spec.rgb:
             raise ValueError("rgb=True needs CIFAR-10; the Fashion-MNIST stand-in is grey")
+    if spec.image_pool > 1:
+        train_x, test_x = _pool(train_x, spec.image_pool), _pool(test_x, spec.image_pool)
+        side = train_x.shape[1]
+        source += f", average-pooled {spec.image_pool}x{spec.image_pool} to {side}x{side}"
     train_seq = images_to_sequences(train_x, rgb=spec.rgb)
     test_seq = images_to_sequences(test_x, rgb=spec.rgb)
     T = train_seq.shape[1]

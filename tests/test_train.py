@@ -1,0 +1,292 @@
+"""Training harness: configs, end-to-end runs, exact resume, atomic checkpoints, reproduce."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from structattn.cli import main as cli_main
+from structattn.train import evaluate_run, load_experiment, train
+from structattn.train.checkpoint import latest_checkpoint, save_checkpoint
+from structattn.train.config import CONFIG_DIR, config_from_dict
+from structattn.train.reproduce import reproduce
+
+TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
+TINY_TRAIN = dict(max_steps=6, batch_size=8, eval_every=3, log_every=2)
+
+
+def _write_idx(path, array):
+    header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape
+    )
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A data cache with tiny Fashion-MNIST and aclImdb fixtures (ListOps is generated)."""
+    root = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    fm = root / "fashion-mnist"
+    fm.mkdir()
+    for prefix, n in (("train", 60), ("t10k", 20)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 60, (n, 28, 28)) + 19 * labels[:, None, None]  # learnable
+        _write_idx(fm / f"{prefix}-images-idx3-ubyte.gz", images)
+        _write_idx(fm / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    for split in ("train", "test"):
+        for sub, word in (("pos", "good"), ("neg", "bad")):
+            folder = root / "aclImdb" / split / sub
+            folder.mkdir(parents=True)
+            for i in range(12):
+                (folder / f"{i}_1.txt").write_text(f"{word} " * (3 + i % 5))
+    return root
+
+
+def tiny(task, attention, data_dir, run_dir, **train_overrides):
+    data = {"data_dir": str(data_dir)}
+    if task == "listops":
+        data.update(seq_len=32, listops_min_length=4, listops_sizes=[64, 16, 16])
+    if task == "image":
+        data.update(image_pool=4)
+    if task == "text":
+        data.update(seq_len=40)
+    return load_experiment(
+        f"{task}-{attention}",
+        "quick",
+        run_dir=str(run_dir),
+        data=data,
+        model=TINY_MODEL,
+        train={**TINY_TRAIN, **train_overrides},
+    )
+
+
+@pytest.mark.parametrize("task", ["listops", "image", "text"])
+def test_tiny_end_to_end_train_and_eval(task, data_dir, tmp_path):
+    cfg = tiny(task, "hkt", data_dir, tmp_path / "run")
+    final = train(cfg, progress=False)
+    assert final["steps"] == 6 and final["task"] == task
+    assert 0.0 <= final["test_acc"] <= 1.0 and final["median_step_ms"] > 0
+    assert final["stand_in"] == (task == "image")  # aclImdb fixture is the original layout
+    assert len(final["hkt"]["level_weights"]) == 1  # one layer
+    run = tmp_path / "run"
+    for name in ("config.yaml", "metrics.csv", "best.safetensors", "final.json"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").iterdir())
+    assert json.loads((run / "final.json").read_text())["test_acc"] == final["test_acc"]
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,split,loss,acc,lr,step_ms" and any(",val," in r for r in rows)
+    evaluated = evaluate_run(run, "test")
+    assert evaluated["acc"] == pytest.approx(final["test_acc"])
+
+
+def test_training_learns_a_separable_task(data_dir, tmp_path):
+    cfg = tiny("image", "mha", data_dir, tmp_path / "r", max_steps=40, eval_every=20)
+    cfg.optim.lr = 5e-3
+    final = train(cfg, progress=False)
+    assert final["val_acc"] > 0.3  # chance is 0.1; labels shift the grey level
+
+
+@pytest.mark.parametrize("attention", ["hkt", "mha"])
+def test_resume_is_exact(attention, data_dir, tmp_path):
+    """2N steps straight == N steps, stop, resume N more (weights, optimizer, RNG, data)."""
+    straight = tiny("listops", attention, data_dir, tmp_path / "a", max_steps=8, eval_every=4)
+    train(straight, progress=False)
+    first = tiny(
+        "listops", attention, data_dir, tmp_path / "b", max_steps=8, eval_every=4, stop_at=5
+    )
+    paused = train(first, progress=False)
+    assert paused["paused_at"] == 5
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(first, progress=False)
+    second = tiny("listops", attention, data_dir, tmp_path / "b", max_steps=8, eval_every=4)
+    second.resume = True
+    train(second, progress=False)
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000008" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step-00000008" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    steps = [int(r.split(",")[0]) for r in (tmp_path / "b" / "metrics.csv").read_text().split()[1:]]
+    assert steps == sorted(steps)  # no rows duplicated by the resume
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path, 1, model, {"x": 1})
+    assert latest_checkpoint(tmp_path).name == "step-00000001"
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, 2, model, {"x": 2})
+    assert latest_checkpoint(tmp_path).name == "step-00000001"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000001"]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_config_file_parses(path):
+    doc = yaml.safe_load(path.read_text())
+    assert set(doc) == {"quick", "paper"}
+    task, attention = path.stem.split("-")
+    for preset in doc:
+        cfg = load_experiment(path, preset)
+        assert cfg.data.task == task and cfg.model.attention == attention
+        assert cfg.name == path.stem
+
+
+def test_configs_document_every_key():
+    for path in CONFIG_DIR.glob("*.yaml"):
+        quick = [
+            line
+            for line in path.read_text().split("paper:")[0].splitlines()[5:]
+            if line.strip() and not line.strip().startswith("#")
+        ]
+        undocumented = [line for line in quick if "#" not in line and not line.endswith(":")]
+        assert not undocumented, (path.name, undocumented)
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ({"data": {"task": "cifar"}}, "data.task must be one of"),
+        ({"train": {"max_steps": -5}}, "train.max_steps must be >= 1"),
+        ({"optim": {"lr": -1.0}}, "optim.lr must be > 0"),
+        ({"model": {"attention": "linear"}}, "model.attention must be one of"),
+        ({"data": {"data_dir": "/nonexistent/structattn"}}, "data.data_dir does not exist"),
+        ({"train": {"maxsteps": 3}}, "unknown key.*train.maxsteps"),
+        ({"bogus": 1}, "unknown key.*bogus"),
+    ],
+)
+def test_bad_config_names_the_key(values, match):
+    with pytest.raises(ValueError, match=match):
+        config_from_dict(values)
+
+
+def test_train_cli_overrides_yaml(data_dir, tmp_path, capsys):
+    cli_main(
+        [
+            "train",
+            "--config",
+            "listops-mha",
+            "--preset",
+            "quick",
+            "--run-dir",
+            str(tmp_path / "c"),
+            "--data.data-dir",
+            str(data_dir),
+            "--data.seq-len",
+            "32",
+            "--data.listops-min-length",
+            "4",
+            "--data.listops-sizes",
+            "40",
+            "8",
+            "8",
+            "--model.d-model",
+            "16",
+            "--model.n-layers",
+            "1",
+            "--train.max-steps",
+            "3",
+            "--train.eval-every",
+            "3",
+            "--seed",
+            "4",
+        ]
+    )
+    saved = yaml.safe_load((tmp_path / "c" / "config.yaml").read_text())
+    assert saved["seed"] == 4 and saved["train"]["max_steps"] == 3
+    assert saved["model"]["attention"] == "mha" and saved["model"]["d_model"] == 16
+    assert json.loads(capsys.readouterr().out)["steps"] == 3
+
+
+def test_reproduce_table_and_skip(data_dir, tmp_path):
+    overrides = dict(
+        data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]},
+        model=TINY_MODEL,
+        train={**TINY_TRAIN, "max_steps": 3},
+    )
+    out = tmp_path / "out"
+    results = reproduce(
+        "quick",
+        seeds=(0, 1),
+        tasks=("listops",),
+        out_dir=out,
+        data_dir=data_dir,
+        progress=False,
+        overrides=overrides,
+    )
+    row = results["tasks"]["listops"]
+    assert len(row["hkt"]["test_acc"]) == 2 and row["step_time_ratio"] > 0
+    table = (out / "quick" / "results.md").read_text()
+    assert "55.10 ± 0.29" in table and "50.33 ± 0.12" in table and "| listops |" in table
+    assert row["kappa"] > 0 and 0 <= row["reciprocity"] <= 1  # diagnostics of the HKT runs
+    for png in ("val_accuracy.png", "hkt_levels_beta.png"):
+        assert (out / "quick" / png).stat().st_size > 0
+    final = out / "quick" / "listops-hkt" / "seed0" / "final.json"
+    before = final.stat().st_mtime_ns
+    reproduce(
+        "quick",
+        seeds=(0, 1),
+        tasks=("listops",),
+        out_dir=out,
+        data_dir=data_dir,
+        progress=False,
+        overrides=overrides,
+    )
+    assert final.stat().st_mtime_ns == before  # finished runs are skipped
+
+
+def test_reproduce_rejects_unknown_task(tmp_path):
+    with pytest.raises(ValueError, match="unknown task"):
+        reproduce("quick", seeds=(0,), tasks=("mnist",), out_dir=tmp_path)
+
+
+def test_missing_data_is_a_clear_error(tmp_path):
+    cfg = load_experiment(
+        "image-hkt", "quick", data={"data_dir": str(tmp_path)}, run_dir=str(tmp_path / "r")
+    )
+    with pytest.raises(FileNotFoundError, match="make data"):
+        train(cfg, progress=False)
+
+
+def test_config_dir_is_the_repository_configs():
+    assert CONFIG_DIR == Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_diagnose_a_trained_run(data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny("listops", "hkt", data_dir, run), progress=False)
+    cli_main(["diagnose", str(run), "--sequences", "2", "--max-len", "24"])
+    assert "kappa mean" in capsys.readouterr().out
+    report = json.loads((run / "diagnostics" / "diagnostics.json").read_text())
+    layer = report["layers"][0]
+    a = layer["approximation"]
+    for h in range(2):
+        parts = a["hierarchical"][h] + a["quantisation"][h] + a["optimisation"][h]
+        assert parts == pytest.approx(a["total"][h], abs=1e-9)
+    assert len(layer["kappa"]) == 2 and all(k > 0 for k in layer["kappa"])
+    assert report["cost"]["paper_score_ratio"] > 1
+    for name in ("diagnostics.md", "diagnostics.png", "kurtosis.png"):
+        assert (run / "diagnostics" / name).stat().st_size > 0
+
+
+def test_diagnose_rejects_mha_runs(data_dir, tmp_path):
+    from structattn.train.diagnose import diagnose
+
+    run = tmp_path / "mha"
+    train(tiny("listops", "mha", data_dir, run), progress=False)
+    with pytest.raises(ValueError, match="diagnose needs hkt"):
+        diagnose(run)
