@@ -1,0 +1,51 @@
+"""Configuration of GL-Fusion (arXiv 2412.06849) on top of a Llama-architecture causal LM."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["GLFusionConfig", "GRAPH_TOKENS"]
+
+#: The special tokens of the prompt ``... <graph_start><node>...<node><graph_end> ...``.
+GRAPH_TOKENS = ("<graph_start>", "<node>", "<graph_end>")
+
+
+@dataclass
+class GLFusionConfig:
+    """What GL-Fusion adds to a base LM; ``None`` layer lists take the every-4th defaults."""
+
+    text_dim: int = 384  # width of the frozen node-text encoder's token encodings
+    num_node_classes: int = 2  # outputs of the GNN head
+    edge_dim: int = 0  # width of edge features (0: one learned edge embedding for all edges)
+    message_passing_layers: list[int] | None = None  # after these decoder layers (0, 4, 8, ...)
+    cross_attention_layers: list[int] | None = None  # after these decoder layers (3, 7, 11, ...)
+    cross_attention_heads: int = 4  # heads of the graph-text cross-attention
+    graph_start_id: int = -1  # token id of <graph_start> (set by add_graph_tokens / from_base)
+    node_id: int = -1  # token id of <node>
+    graph_end_id: int = -1  # token id of <graph_end>
+    lm_loss_weight: float = 1.0  # loss = CE(GNN) + lm_loss_weight * CE(LM)
+    extra: dict = field(default_factory=dict)  # free-form metadata saved with the model
+
+    def resolve(self, num_layers: int) -> GLFusionConfig:
+        """Fill the default layer lists for a base with ``num_layers`` decoder layers and check
+        every index."""
+        if self.message_passing_layers is None:
+            self.message_passing_layers = list(range(0, num_layers, 4))
+        if self.cross_attention_layers is None:
+            self.cross_attention_layers = list(range(3, num_layers, 4))
+        for name in ("message_passing_layers", "cross_attention_layers"):
+            bad = [i for i in getattr(self, name) if not 0 <= i < num_layers]
+            if bad:
+                raise ValueError(f"{name} {bad} out of range for a base with {num_layers} layers")
+        if self.text_dim < 1 or self.num_node_classes < 1 or self.edge_dim < 0:
+            raise ValueError("text_dim and num_node_classes must be >= 1, edge_dim >= 0")
+        return self
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> GLFusionConfig:
+        return cls(**json.loads(Path(path).read_text()))

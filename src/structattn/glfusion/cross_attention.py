@@ -1,0 +1,94 @@
+"""Graph-text cross-attention: LM hidden states read the full node texts in two stages.
+
+Stage 1, over one node's text: a query ``q_t`` attends over the text tokens of node ``n``
+(frozen encoder outputs) giving ``r_tn``. Stage 2, over nodes: ``q_t`` attends over the
+``r_tn`` of the nodes it may read. Visibility:
+
+* a node token reads only its own node's text (stage 2 is then that node alone);
+* text after the graph reads every node text of its graph;
+* text before the graph, ``<graph_start>`` included, reads nothing (its output is 0).
+
+The result enters through a gated residual ``h <- h + tanh(g) * W_o(out)``, ``g = 0`` at init.
+Shapes: ``hidden (B, S, D)``, ``node_text (M, Lt, text_dim)`` -> ``(B, S, D)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.utils import to_dense_batch
+
+__all__ = ["GraphTextCrossAttention"]
+
+
+class GraphTextCrossAttention(nn.Module):
+    """Two-stage multi-head cross-attention from LM states to node texts (see module).
+
+    Args:
+        hidden_size: ``D`` of the LM.
+        text_dim: width of the node-text encodings.
+        num_heads: attention heads (``D % num_heads == 0``).
+    """
+
+    def __init__(self, hidden_size: int, text_dim: int, num_heads: int = 4):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.norm = nn.LayerNorm(hidden_size)
+        self.query = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.key = nn.Linear(text_dim, hidden_size, bias=False)
+        self.value = nn.Linear(text_dim, hidden_size, bias=False)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def forward(
+        self,
+        hidden: Tensor,
+        node_text: Tensor,
+        node_text_mask: Tensor,
+        node_batch: Tensor,
+        node_slots: Tensor,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``node_slots (M, 2)``: (sequence, position) of each node's token, in node order."""
+        B, S, D = hidden.shape
+        H, hd = self.num_heads, D // self.num_heads
+        M, Lt, _ = node_text.shape
+        text, node_valid = to_dense_batch(node_text.flatten(1), node_batch, batch_size=B)
+        text = text.view(B, -1, Lt, node_text.shape[-1])  # (B, Nmax, Lt, text_dim)
+        tmask, _ = to_dense_batch(node_text_mask, node_batch, batch_size=B)  # (B, Nmax, Lt)
+        n_max = text.shape[1]
+        q = self.query(self.norm(hidden)).view(B, S, H, hd)
+        k = self.key(text.to(hidden.dtype)).view(B, n_max, Lt, H, hd)
+        v = self.value(text.to(hidden.dtype)).view(B, n_max, Lt, H, hd)
+        # Stage 1: every query over every node's text tokens.
+        s1 = torch.einsum("bshd,bnlhd->bshnl", q, k) / math.sqrt(hd)
+        s1 = s1.masked_fill(~tmask[:, None, None], torch.finfo(s1.dtype).min)
+        r = torch.einsum("bshnl,bnlhd->bshnd", s1.softmax(-1), v)  # (B, S, H, Nmax, hd)
+        # Stage 2 visibility (B, S, Nmax): own node for node tokens, all nodes after the graph.
+        idx = torch.arange(S, device=hidden.device)
+        local = torch.arange(M, device=hidden.device) - torch.searchsorted(
+            node_batch, node_batch, right=False
+        )  # node index within its sequence
+        node_of_pos = torch.full((B, S), -1, dtype=torch.long, device=hidden.device)
+        node_of_pos[node_slots[:, 0], node_slots[:, 1]] = local
+        last_node = torch.full((B,), S, dtype=torch.long, device=hidden.device)
+        last_node.scatter_reduce_(
+            0, node_slots[:, 0], node_slots[:, 1], reduce="amax", include_self=False
+        )
+        has_graph = torch.bincount(node_slots[:, 0], minlength=B) > 0
+        after = (idx[None] > last_node[:, None]) & has_graph[:, None]  # (B, S)
+        if attention_mask is not None:
+            after = after & attention_mask.bool()
+        nodes = torch.arange(n_max, device=hidden.device)
+        visible = (after[:, :, None] & node_valid[:, None, :]) | (
+            node_of_pos[:, :, None] == nodes[None, None, :]
+        )  # (B, S, Nmax)
+        s2 = torch.einsum("bshd,bshnd->bshn", q, r) / math.sqrt(hd)
+        s2 = s2.masked_fill(~visible[:, :, None], torch.finfo(s2.dtype).min)
+        out = torch.einsum("bshn,bshnd->bshd", s2.softmax(-1), r).reshape(B, S, D)
+        reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
+        return hidden + torch.tanh(self.gate) * self.out(out) * reads

@@ -1,0 +1,59 @@
+"""GNN message passing inside the LLM, on the hidden states of the node tokens.
+
+For node ``u`` with in-neighbours ``v`` (edges ``v -> u``) and edge embeddings ``e_vu``::
+
+    m_vu  = h_v * e_vu                                  (elementwise)
+    agg_u = [mean_v m_vu, max_v m_vu, std_v m_vu]       (torch_geometric aggregations; 0 if none)
+    h_u  <- h_u + tanh(g) * Linear([h_u, agg_u])        (gate g initialised to 0)
+
+Vectorised over every graph of the batch (global node indices, no Python loop over nodes).
+Shapes: ``h (M, D)``, ``edge_index (2, E)``, ``edge_attr (E, edge_dim)`` or None -> ``(M, D)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, StdAggregation
+
+__all__ = ["NodeMessagePassing"]
+
+
+class NodeMessagePassing(nn.Module):
+    """One gated message-passing step (see module docstring).
+
+    Args:
+        hidden_size: ``D`` of the LM.
+        edge_dim: width of edge features; 0 = one learned edge embedding shared by all edges.
+    """
+
+    def __init__(self, hidden_size: int, edge_dim: int = 0):
+        super().__init__()
+        self.edge_dim = edge_dim
+        if edge_dim > 0:
+            self.edge_embed = nn.Linear(edge_dim, hidden_size)
+        else:
+            self.edge_embed = nn.Parameter(torch.ones(hidden_size))
+        self.aggregations = nn.ModuleList([MeanAggregation(), MaxAggregation(), StdAggregation()])
+        self.update = nn.Linear(4 * hidden_size, hidden_size)
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def edge_embeddings(self, num_edges: int, edge_attr: Tensor | None, like: Tensor) -> Tensor:
+        if self.edge_dim > 0:
+            if edge_attr is None:
+                raise ValueError(f"edge_attr (E, {self.edge_dim}) is required (edge_dim > 0)")
+            return self.edge_embed(edge_attr.to(like.dtype))
+        return self.edge_embed.to(like.dtype).expand(num_edges, -1)
+
+    def aggregate(self, h: Tensor, edge_index: Tensor, edge_attr: Tensor | None) -> Tensor:
+        """``[mean, max, std]`` of incoming messages per node: ``(M, 3 D)``."""
+        src, dst = edge_index
+        messages = h[src] * self.edge_embeddings(src.numel(), edge_attr, h)  # (E, D)
+        return torch.cat(
+            [agg(messages, dst, dim_size=h.shape[0]) for agg in self.aggregations], dim=-1
+        )
+
+    def forward(self, h: Tensor, edge_index: Tensor, edge_attr: Tensor | None = None) -> Tensor:
+        agg = self.aggregate(h, edge_index, edge_attr)
+        h_new = self.update(torch.cat([h, agg], dim=-1))
+        return h + torch.tanh(self.gate) * h_new

@@ -1,0 +1,358 @@
+"""GL-Fusion (arXiv 2412.06849): a Llama-architecture causal LM made graph-aware from inside.
+
+The prompt holds ``<graph_start> <node> ... <node> <graph_end>``; each ``<node>`` token's input
+embedding is its node text's pooled encoding through a learned projection, all node tokens share
+one position id, and the structure-aware mask (:mod:`.masking`) lets node tokens see the text
+before the graph and each other. Inside the decoder, after configured layers, message passing
+(:class:`NodeMessagePassing`) updates the node tokens' states and graph-text cross-attention
+(:class:`GraphTextCrossAttention`) reads the full node texts; both enter through gates that
+start at 0. A GNN head over the final node-token states and the LM head form the twin predictor,
+trained with ``CE(GNN) + CE(LM)``.
+
+The base model is untouched: the GL-Fusion modules live beside it (``glf_*`` names, outside the
+base, so LoRA's module matching never reaches them) and act through forward hooks that do nothing
+unless a graph is being processed. With no graph, outputs are exactly the base model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from .configuration import GRAPH_TOKENS, GLFusionConfig
+from .cross_attention import GraphTextCrossAttention
+from .graph import GraphBatch
+from .masking import build_structure_mask, node_position_ids, to_additive_mask
+from .message_passing import NodeMessagePassing
+
+__all__ = ["GLFusionForCausalLM", "GLFusionOutput", "add_graph_tokens", "apply_lora"]
+
+
+@dataclass
+class GLFusionOutput:
+    logits: Tensor  # (B, S, vocab) LM logits
+    node_logits: Tensor | None = None  # (M, num_node_classes) GNN head, when a graph is given
+    loss: Tensor | None = None  # CE(GNN) + w * CE(LM) over whichever labels were given
+    lm_loss: Tensor | None = None
+    gnn_loss: Tensor | None = None
+
+
+def _inner(base: nn.Module) -> nn.Module:
+    """The ``LlamaForCausalLM`` under any peft wrapper."""
+    return base.get_base_model() if hasattr(base, "get_base_model") else base
+
+
+def add_graph_tokens(tokenizer) -> dict[str, int]:
+    """Add ``<graph_start>``, ``<node>``, ``<graph_end>`` to a Hugging Face tokenizer."""
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GRAPH_TOKENS)})
+    ids = tokenizer.convert_tokens_to_ids(list(GRAPH_TOKENS))
+    return dict(zip(("graph_start_id", "node_id", "graph_end_id"), ids))
+
+
+class GLFusionForCausalLM(nn.Module):
+    """GL-Fusion around a base causal LM. Build with :meth:`from_base`."""
+
+    def __init__(self, base: nn.Module, config: GLFusionConfig):
+        super().__init__()
+        inner = _inner(base)
+        self.base = base
+        self.config = config.resolve(inner.config.num_hidden_layers)
+        D = inner.config.hidden_size
+        self.glf_node_proj = nn.Linear(config.text_dim, D)
+        emb = inner.get_input_embeddings().weight.detach()
+        self.glf_graph_tokens = nn.Parameter(emb.mean(0).repeat(2, 1).clone())  # start, end
+        self.glf_message_passing = nn.ModuleDict(
+            {
+                str(i): NodeMessagePassing(D, config.edge_dim)
+                for i in self.config.message_passing_layers
+            }
+        )
+        self.glf_cross_attention = nn.ModuleDict(
+            {
+                str(i): GraphTextCrossAttention(D, config.text_dim, config.cross_attention_heads)
+                for i in self.config.cross_attention_layers
+            }
+        )
+        self.glf_gnn_head = nn.Linear(D, config.num_node_classes)
+        self._ctx: dict | None = None
+        self._hooks = [
+            layer.register_forward_hook(self._layer_hook(i))
+            for i, layer in enumerate(inner.model.layers)
+        ]
+        self._hooks.append(inner.model.norm.register_forward_hook(self._norm_hook))
+        self.to(emb.device, emb.dtype)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_base(
+        cls, base_lm: nn.Module, config: GLFusionConfig | None = None, tokenizer=None
+    ) -> GLFusionForCausalLM:
+        """Wrap ``base_lm`` (a ``LlamaForCausalLM``, possibly peft-wrapped). Unset graph-token ids
+        are created: through ``tokenizer`` when given, else as three new ids past the vocabulary;
+        the base's embeddings are resized to hold them."""
+        config = config or GLFusionConfig()
+        inner = _inner(base_lm)
+        if min(config.graph_start_id, config.node_id, config.graph_end_id) < 0:
+            if tokenizer is not None:
+                ids = add_graph_tokens(tokenizer)
+            else:
+                v = inner.get_input_embeddings().weight.shape[0]
+                ids = {"graph_start_id": v, "node_id": v + 1, "graph_end_id": v + 2}
+            for key, value in ids.items():
+                setattr(config, key, value)
+        needed = max(config.graph_start_id, config.node_id, config.graph_end_id) + 1
+        if inner.get_input_embeddings().weight.shape[0] < needed:
+            inner.resize_token_embeddings(needed, mean_resizing=False)
+        return cls(base_lm, config)
+
+    # ------------------------------------------------------------------ hooks
+
+    def _layer_hook(self, index: int):
+        def hook(module, args, output):
+            ctx = self._ctx
+            if ctx is None:
+                return None
+            hidden = output[0] if isinstance(output, tuple) else output
+            key = str(index)
+            slots = ctx["slots"]
+            graph: GraphBatch = ctx["graph"]
+            if key in self.glf_message_passing:
+                nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
+                nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
+                hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
+            if key in self.glf_cross_attention:
+                hidden = self.glf_cross_attention[key](
+                    hidden,
+                    graph.node_text,
+                    graph.node_text_mask,
+                    graph.node_batch,
+                    slots,
+                    ctx["attention_mask"],
+                )
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        return hook
+
+    def _norm_hook(self, module, args, output):
+        if self._ctx is not None:
+            self._ctx["final_hidden"] = output
+
+    # ------------------------------------------------------------------ forward
+
+    def _embed(self, input_ids: Tensor, graph: GraphBatch, slots: Tensor) -> Tensor:
+        embeds = _inner(self.base).get_input_embeddings()(input_ids)  # (B, S, D)
+        mask = graph.node_text_mask.unsqueeze(-1).to(graph.node_text.dtype)
+        pooled = (graph.node_text * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (M, text_dim)
+        node_emb = self.glf_node_proj(pooled.to(self.glf_node_proj.weight.dtype))
+        embeds = embeds.index_put((slots[:, 0], slots[:, 1]), node_emb.to(embeds.dtype))
+        cfg = self.config
+        for row, token_id in enumerate((cfg.graph_start_id, cfg.graph_end_id)):
+            embeds = torch.where(
+                (input_ids == token_id)[..., None],
+                self.glf_graph_tokens[row].to(embeds.dtype),
+                embeds,
+            )
+        return embeds
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        graph: GraphBatch | None = None,
+        labels: Tensor | None = None,
+        node_labels: Tensor | None = None,
+    ) -> GLFusionOutput:
+        """``labels (B, S)`` next-token targets (-100 ignored, shifted inside like HF);
+        ``node_labels (M,)`` GNN targets (-100 ignored)."""
+        if graph is None:
+            if bool((input_ids == self.config.node_id).any()):
+                raise ValueError("input_ids hold <node> tokens but no graph was given")
+            out = self.base(input_ids=input_ids, attention_mask=attention_mask)
+            lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
+            return GLFusionOutput(logits=out.logits, loss=lm_loss, lm_loss=lm_loss)
+        slots = graph.validate(input_ids, self.config.node_id)
+        embeds = self._embed(input_ids, graph, slots)
+        node_mask = input_ids == self.config.node_id
+        allowed = build_structure_mask(node_mask, attention_mask)
+        self._ctx = {"graph": graph, "slots": slots, "attention_mask": attention_mask}
+        try:
+            out = self.base(
+                inputs_embeds=embeds,
+                attention_mask=to_additive_mask(allowed, embeds.dtype),
+                position_ids=node_position_ids(node_mask, attention_mask),
+            )
+            final = self._ctx["final_hidden"]
+        finally:
+            self._ctx = None
+        node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
+        lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
+        gnn_loss = (
+            F.cross_entropy(node_logits.float(), node_labels, ignore_index=-100)
+            if node_labels is not None
+            else None
+        )
+        parts = [
+            x
+            for x in (gnn_loss, None if lm_loss is None else self.config.lm_loss_weight * lm_loss)
+            if x is not None
+        ]
+        return GLFusionOutput(
+            logits=out.logits,
+            node_logits=node_logits,
+            loss=sum(parts) if parts else None,
+            lm_loss=lm_loss,
+            gnn_loss=gnn_loss,
+        )
+
+    @staticmethod
+    def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+        )
+
+    # ------------------------------------------------------------------ twin predictor
+
+    @torch.no_grad()
+    def score_labels(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        graph: GraphBatch | None,
+        label_ids: list[list[int]],
+    ) -> Tensor:
+        """Log-probability of each label name (token ids) right after each prompt: ``(B, K)``.
+        Prompts are right-padded; the label tokens are appended after each prompt's end."""
+        B, S = input_ids.shape
+        lengths = (
+            attention_mask.sum(-1)
+            if attention_mask is not None
+            else torch.full((B,), S, device=input_ids.device)
+        ).long()
+        scores = torch.zeros(B, len(label_ids), device=input_ids.device)
+        for k, tokens in enumerate(label_ids):
+            n = len(tokens)
+            if n == 0:
+                raise ValueError(f"label {k} has no tokens")
+            ids = torch.zeros(B, S + n, dtype=torch.long, device=input_ids.device)
+            mask = torch.zeros(B, S + n, dtype=torch.long, device=input_ids.device)
+            label = torch.tensor(tokens, device=input_ids.device)
+            for b in range(B):
+                L = int(lengths[b])
+                ids[b, :L] = input_ids[b, :L]
+                ids[b, L : L + n] = label
+                mask[b, : L + n] = 1
+            logp = self(ids, mask, graph).logits.float().log_softmax(-1)
+            for b in range(B):
+                L = int(lengths[b])
+                pos = torch.arange(L - 1, L - 1 + n, device=ids.device)
+                scores[b, k] = logp[b, pos, label].sum()
+        return scores
+
+    @torch.no_grad()
+    def predict(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        graph: GraphBatch,
+        label_ids: list[list[int]],
+        weight: float = 0.5,
+    ) -> dict[str, Tensor]:
+        """GNN, LM and combined class distributions for each sequence's target node:
+        ``ensemble = weight * p_gnn + (1 - weight) * p_lm``; each ``(B, K)``."""
+        if graph.target_nodes is None:
+            raise ValueError("graph.target_nodes is required for predict")
+        out = self(input_ids, attention_mask, graph)
+        p_gnn = out.node_logits[graph.target_nodes].float().softmax(-1)
+        p_lm = self.score_labels(input_ids, attention_mask, graph, label_ids).softmax(-1)
+        if p_gnn.shape[-1] != p_lm.shape[-1]:
+            raise ValueError(f"{p_gnn.shape[-1]} GNN classes but {p_lm.shape[-1]} label names")
+        return {"gnn": p_gnn, "lm": p_lm, "ensemble": weight * p_gnn + (1 - weight) * p_lm}
+
+    # ------------------------------------------------------------------ save / load
+
+    def glfusion_state_dict(self) -> dict[str, Tensor]:
+        """The GL-Fusion modules plus the base's rows for the graph tokens."""
+        state = {
+            k: v.detach().contiguous().cpu()
+            for k, v in self.state_dict().items()
+            if k.startswith("glf_")
+        }
+        inner = _inner(self.base)
+        ids = torch.tensor(
+            [self.config.graph_start_id, self.config.node_id, self.config.graph_end_id]
+        )
+        state["base_rows.embed_tokens"] = inner.get_input_embeddings().weight.detach()[ids].cpu()
+        state["base_rows.lm_head"] = inner.get_output_embeddings().weight.detach()[ids].cpu()
+        return state
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """``glfusion_config.json``, ``glfusion_modules.safetensors`` and, when the base carries
+        LoRA adapters, ``adapter/`` (peft's safetensors)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.config.save(path / "glfusion_config.json")
+        save_file(self.glfusion_state_dict(), str(path / "glfusion_modules.safetensors"))
+        if hasattr(self.base, "peft_config"):
+            self.base.save_pretrained(str(path / "adapter"))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, base_lm: nn.Module) -> GLFusionForCausalLM:
+        """Rebuild around a fresh copy of the same base LM (adapters loaded when saved)."""
+        path = Path(path)
+        config = GLFusionConfig.load(path / "glfusion_config.json")
+        if (path / "adapter").is_dir():
+            from peft import PeftModel
+
+            needed = max(config.graph_start_id, config.node_id, config.graph_end_id) + 1
+            if base_lm.get_input_embeddings().weight.shape[0] < needed:
+                base_lm.resize_token_embeddings(needed, mean_resizing=False)
+            base_lm = PeftModel.from_pretrained(base_lm, str(path / "adapter"), is_trainable=True)
+        model = cls.from_base(base_lm, config)
+        state = load_file(str(path / "glfusion_modules.safetensors"))
+        rows = {k: state.pop(k) for k in list(state) if k.startswith("base_rows.")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if k.startswith("glf_")]
+        if missing or unexpected:
+            raise ValueError(f"{path}: missing {missing}, unexpected {unexpected}")
+        inner = _inner(model.base)
+        ids = torch.tensor([config.graph_start_id, config.node_id, config.graph_end_id])
+        with torch.no_grad():
+            inner.get_input_embeddings().weight[ids] = rows["base_rows.embed_tokens"].to(
+                inner.get_input_embeddings().weight.dtype
+            )
+            inner.get_output_embeddings().weight[ids] = rows["base_rows.lm_head"].to(
+                inner.get_output_embeddings().weight.dtype
+            )
+        return model
+
+
+def apply_lora(
+    model: GLFusionForCausalLM,
+    r: int = 8,
+    alpha: int = 16,
+    dropout: float = 0.0,
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+) -> GLFusionForCausalLM:
+    """Put LoRA adapters (peft) on the base LM; the base is frozen, GL-Fusion stays trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    if hasattr(model.base, "peft_config"):
+        raise ValueError("the base already carries adapters")
+    lora = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+    )
+    model.base = get_peft_model(model.base, lora)
+    for name, p in model.named_parameters():
+        if name.startswith("glf_"):
+            p.requires_grad_(True)
+    return model

@@ -1,0 +1,364 @@
+"""GL-Fusion on tiny random Llama models: mask, faithfulness, message passing, cross-attention,
+twin predictor, LoRA and save/load."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from structattn.glfusion import (
+    GLFusionConfig,
+    GLFusionForCausalLM,
+    GraphBatch,
+    NodeMessagePassing,
+    apply_lora,
+    build_structure_mask,
+    node_position_ids,
+)
+
+TEXT_DIM = 8
+
+
+def tiny_llama(layers=4, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return LlamaForCausalLM(cfg).double().eval()
+
+
+def tiny_model(layers=4, seed=0, **cfg):
+    base = tiny_llama(layers, seed)
+    config = GLFusionConfig(text_dim=TEXT_DIM, num_node_classes=3, **cfg)
+    return GLFusionForCausalLM.from_base(base, config).double().eval()
+
+
+def prompts(model, n_nodes=(3, 2)):
+    """Two right-padded prompts: text, <graph_start>, nodes, <graph_end>, text."""
+    c = model.config
+    rows = []
+    for b, n in enumerate(n_nodes):
+        row = [5 + b, 6, 7, c.graph_start_id] + [c.node_id] * n + [c.graph_end_id, 9, 10]
+        rows.append(row)
+    S = max(map(len, rows)) + 1
+    ids = torch.zeros(len(rows), S, dtype=torch.long)
+    mask = torch.zeros(len(rows), S, dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row)
+        mask[b, : len(row)] = 1
+    return ids, mask
+
+
+def graph_for(n_nodes=(3, 2), seed=0, edge_dim=0):
+    g = torch.Generator().manual_seed(seed)
+    texts = [torch.randn(n, 4, TEXT_DIM, generator=g, dtype=torch.float64) for n in n_nodes]
+    edges = [torch.tensor([[i, (i + 1) % n] for i in range(n)]).T for n in n_nodes]
+    attrs = (
+        [torch.randn(e.shape[1], edge_dim, generator=g, dtype=torch.float64) for e in edges]
+        if edge_dim
+        else None
+    )
+    return GraphBatch.from_graphs(texts, edges, attrs, targets=[0] * len(n_nodes))
+
+
+def open_gates(model, value=0.7):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate"):
+                p.fill_(value)
+
+
+# ---------------------------------------------------------------------- mask
+
+
+def _rule(node, real, i, j):
+    if not (real[i] and real[j]):
+        return False
+    nodes = [k for k, x in enumerate(node) if x]
+    if node[i]:
+        return (bool(nodes) and j < nodes[0]) or node[j]
+    return j <= i
+
+
+def test_structure_mask_pair_by_pair_on_random_layouts():
+    rng = random.Random(0)
+    for _ in range(60):
+        B, N = 3, rng.randint(1, 14)
+        node = torch.zeros(B, N, dtype=torch.bool)
+        real = torch.ones(B, N, dtype=torch.long)
+        for b in range(B):
+            if rng.random() < 0.8:
+                start = rng.randrange(N)
+                node[b, start : start + rng.randint(1, N - start)] = True
+            real[b, rng.randint(1, N) :] = 0  # right padding
+        mask = build_structure_mask(node, real)
+        assert mask.shape == (B, 1, N, N) and mask.dtype == torch.bool
+        for b in range(B):
+            for i in range(N):
+                for j in range(N):
+                    expected = _rule(node[b].tolist(), real[b].tolist(), i, j)
+                    assert bool(mask[b, 0, i, j]) == expected, (b, i, j)
+
+
+def test_structure_mask_rejects_two_node_blocks_and_bad_shapes():
+    node = torch.tensor([[False, True, False, True]])
+    with pytest.raises(ValueError, match="one contiguous block"):
+        build_structure_mask(node)
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        build_structure_mask(torch.zeros(1, 4, dtype=torch.bool), torch.ones(1, 5))
+
+
+def test_node_tokens_share_one_position():
+    node = torch.tensor([[False, False, True, True, True, False, False]])
+    assert node_position_ids(node).tolist() == [[0, 1, 2, 2, 2, 3, 4]]
+
+
+# ---------------------------------------------------------------------- faithfulness
+
+
+def test_no_graph_is_exactly_the_base_model():
+    model = tiny_model()
+    ids = torch.randint(0, 40, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    expected = model.base(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(model(ids, mask).logits, expected)
+    fresh = tiny_llama()  # an untouched copy of the same base, before resizing
+    torch.testing.assert_close(
+        model(ids, mask).logits[..., :40], fresh(ids, attention_mask=mask).logits
+    )
+
+
+def test_text_before_the_graph_is_unchanged_with_closed_gates():
+    model = tiny_model()
+    ids, mask = prompts(model)
+    out = model(ids, mask, graph_for())
+    plain = model.base(input_ids=ids[:, :4]).logits  # the text up to <graph_start> excluded
+    torch.testing.assert_close(out.logits[:, :3], plain[:, :3], rtol=1e-10, atol=1e-10)
+
+
+def test_node_tokens_without_graph_is_an_error():
+    model = tiny_model()
+    ids, mask = prompts(model)
+    with pytest.raises(ValueError, match="no graph"):
+        model(ids, mask)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: graph_for((3, 3)), "node count != <node> tokens"),
+        (
+            lambda: GraphBatch.from_graphs(
+                [torch.randn(3, 2, TEXT_DIM)], [torch.tensor([[0], [5]])]
+            ),
+            "outside 0..2",
+        ),
+        (
+            lambda: GraphBatch.from_graphs([torch.randn(0, 2, TEXT_DIM)], [torch.zeros(2, 0)]),
+            "empty",
+        ),
+    ],
+)
+def test_graph_batch_validation(make, match):
+    model = tiny_model()
+    ids, mask = prompts(model)
+    with pytest.raises(ValueError, match=match):
+        model(ids, mask, make().to("cpu"))
+
+
+# ---------------------------------------------------------------------- message passing
+
+
+def _direct_aggregates(h, edge_index, edge_vec):
+    out = []
+    for u in range(h.shape[0]):
+        msgs = [h[v] * edge_vec for v, w in edge_index.T.tolist() if w == u]
+        if not msgs:
+            out.append(torch.zeros(3 * h.shape[1], dtype=h.dtype))
+            continue
+        m = torch.stack(msgs)
+        var = m.var(0, unbiased=False)
+        std = torch.where(var > 1e-5, var.clamp_min(1e-5).sqrt(), 0.0)  # PyG: 0 below sqrt(eps)
+        out.append(torch.cat([m.mean(0), m.max(0).values, std]))
+    return torch.stack(out)
+
+
+def test_aggregators_match_a_direct_computation_and_isolated_nodes_are_zero():
+    torch.manual_seed(0)
+    mp = NodeMessagePassing(6).double()
+    with torch.no_grad():
+        mp.edge_embed.normal_()
+    h = torch.randn(5, 6, dtype=torch.float64)
+    edges = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 1, 1, 0]])  # node 4 isolated
+    agg = mp.aggregate(h, edges, None)
+    expected = _direct_aggregates(h, edges, mp.edge_embed)
+    torch.testing.assert_close(agg, expected)
+    assert torch.isfinite(agg).all()
+    assert (agg[4, :12] == 0).all()
+
+
+def test_message_passing_is_permutation_equivariant_and_gated():
+    torch.manual_seed(1)
+    mp = NodeMessagePassing(6, edge_dim=3).double()
+    h = torch.randn(6, 6, dtype=torch.float64)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 5, 0], [1, 2, 3, 4, 5, 0, 3]])
+    attr = torch.randn(7, 3, dtype=torch.float64)
+    assert torch.equal(mp(h, edges, attr), h)  # gate starts at 0
+    with torch.no_grad():
+        mp.gate.fill_(0.5)
+    out = mp(h, edges, attr)
+    perm = torch.randperm(6)
+    inv = torch.argsort(perm)
+    out_perm = mp(h[perm], inv[edges], attr)
+    torch.testing.assert_close(out_perm, out[perm])
+
+
+def test_node_order_does_not_change_gnn_outputs():
+    """Permuting the nodes of a graph (texts and edges) permutes the GNN head's outputs."""
+    model = tiny_model()
+    open_gates(model)
+    ids, mask = prompts(model, (4,))
+    g = torch.Generator().manual_seed(3)
+    text = torch.randn(4, 3, TEXT_DIM, generator=g, dtype=torch.float64)
+    edges = torch.tensor([[0, 1, 2, 3, 0], [1, 2, 3, 0, 2]])
+    a = model(ids[:1], mask[:1], GraphBatch.from_graphs([text], [edges])).node_logits
+    perm = torch.tensor([2, 0, 3, 1])
+    inv = torch.argsort(perm)
+    b = model(ids[:1], mask[:1], GraphBatch.from_graphs([text[perm]], [inv[edges]])).node_logits
+    torch.testing.assert_close(b, a[perm], rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------- cross-attention
+
+
+def _perturb_text_keep_mean(graph, node):
+    """Change node ``node``'s text tokens but not their mean (so not its input embedding):
+    only cross-attention can see the change."""
+    graph2 = copy.deepcopy(graph)
+    graph2.node_text[node, 0] += 3.0
+    graph2.node_text[node, 1] -= 3.0
+    return graph2
+
+
+def test_cross_attention_visibility_by_perturbation():
+    """Perturbing node 1's text changes node 1's token and the text after the graph only."""
+    model = tiny_model(layers=4, message_passing_layers=[], cross_attention_layers=[0])
+    open_gates(model)
+    ids, mask = prompts(model, (3,))
+    ids, mask = ids[:1], mask[:1]
+    graph = graph_for((3,))
+    base = model(ids, mask, graph).logits
+    graph2 = _perturb_text_keep_mean(graph, node=1)
+    changed = (model(ids, mask, graph2).logits - base).abs().amax(-1)[0]  # (S,)
+    torch.testing.assert_close(  # same input embeddings, up to rounding of the mean
+        model._embed(ids, graph, graph.validate(ids, model.config.node_id)),
+        model._embed(ids, graph2, graph2.validate(ids, model.config.node_id)),
+        rtol=0,
+        atol=1e-14,
+    )
+    node_pos = (ids[0] == model.config.node_id).nonzero().flatten().tolist()  # [4, 5, 6]
+    moved = {i for i, c in enumerate(changed.tolist()) if c > 1e-9}
+    # Node 1's token changes; later positions through attention to it: other node tokens see it
+    # in self-attention after layer 0, so only positions before the graph must stay fixed.
+    assert node_pos[1] in moved
+    assert all(i not in moved for i in range(4))
+    real_after = [i for i in range(node_pos[-1] + 1, int(mask.sum()))]
+    assert all(i in moved for i in real_after)
+
+
+def test_cross_attention_reads_only_own_text_at_the_last_layer():
+    """At the last layer nothing propagates further: only node 1 and text after the graph move."""
+    model = tiny_model(layers=4, message_passing_layers=[], cross_attention_layers=[3])
+    open_gates(model)
+    ids, mask = prompts(model, (3,))
+    ids, mask = ids[:1], mask[:1]
+    graph = graph_for((3,))
+    out = model(ids, mask, graph)
+    graph2 = _perturb_text_keep_mean(graph, node=1)
+    out2 = model(ids, mask, graph2)
+    changed = (out2.logits - out.logits).abs().amax(-1)[0]
+    real = int(mask.sum())
+    moved = {i for i, c in enumerate(changed.tolist()[:real]) if c > 1e-9}
+    assert moved == {5} | set(range(7, real))  # node 1 (position 5); <graph_end> and after
+    node_change = (out2.node_logits - out.node_logits).abs().amax(-1)
+    assert node_change[1] > 1e-9 and node_change[0] == 0 and node_change[2] == 0
+
+
+# ---------------------------------------------------------------------- training
+
+
+def test_tiny_training_step_reduces_the_joint_loss_and_lora_freezes_the_base():
+    model = apply_lora(tiny_model(), r=4, alpha=8)
+    model.train()
+    base_before = {
+        n: p.detach().clone() for n, p in model.base.named_parameters() if "lora_" not in n
+    }
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert all(n.startswith("glf_") or "lora_" in n for n in trainable)
+    assert any(n.startswith("glf_message_passing") for n in trainable)
+    assert not any("glf_" in n and "lora_" in n for n in trainable)  # LoRA never matched ours
+    ids, mask = prompts(model)
+    graph = graph_for()
+    labels = ids.masked_fill(mask == 0, -100)
+    node_labels = torch.tensor([0, 1, 2, 0, 1])
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    first = None
+    for _ in range(15):
+        opt.zero_grad()
+        loss = model(ids, mask, graph, labels=labels, node_labels=node_labels).loss
+        first = first if first is not None else loss.item()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.7 * first
+    for n, p in model.base.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base_before[n]), n
+
+
+def test_predict_combines_gnn_and_label_scores():
+    model = tiny_model()
+    ids, mask = prompts(model)
+    pred = model.predict(ids, mask, graph_for(), label_ids=[[11], [12, 13], [14]])
+    for key in ("gnn", "lm", "ensemble"):
+        assert pred[key].shape == (2, 3)
+        torch.testing.assert_close(pred[key].sum(-1), torch.ones(2, dtype=pred[key].dtype))
+    # the LM score of a label equals the log-probability computed by hand on prompt + label
+    open_gates(model)
+    scores = model.score_labels(ids, mask, graph_for(), [[12, 13]])
+    L = int(mask[1].sum())
+    full = torch.cat([ids[1, :L], torch.tensor([12, 13])])[None]
+    second = GraphBatch.from_graphs([graph_for().node_text[3:5]], [torch.tensor([[0, 1], [1, 0]])])
+    logp = model(full, torch.ones_like(full), second).logits.log_softmax(-1)[0]
+    expected = logp[L - 1, 12] + logp[L, 13]
+    torch.testing.assert_close(scores[1, 0].double(), expected.double(), rtol=1e-6, atol=1e-6)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = apply_lora(tiny_model(edge_dim=2), r=4, alpha=8)
+    open_gates(model, 0.3)
+    with torch.no_grad():
+        for n, p in model.base.named_parameters():
+            if "lora_B" in n:
+                p.normal_()
+    model.eval()
+    ids, mask = prompts(model)
+    graph = graph_for(edge_dim=2)
+    expected = model(ids, mask, graph)
+    model.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "ckpt" / "glfusion_modules.safetensors").is_file()
+    reloaded = GLFusionForCausalLM.from_pretrained(tmp_path / "ckpt", tiny_llama()).double().eval()
+    got = reloaded(ids, mask, graph)
+    torch.testing.assert_close(got.logits, expected.logits)
+    torch.testing.assert_close(got.node_logits, expected.node_logits)
