@@ -1,7 +1,7 @@
 """Attention benchmark: HKT attention against SDPA multi-head attention, forward + backward.
 
-    python benchmarks/attention.py --preset quick        # make reproduce (about 2 minutes)
-    python benchmarks/attention.py --preset full         # make bench: T up to 16k (about 15 min)
+    python benchmarks/attention.py --preset quick        # make bench-quick (about 5 minutes)
+    python benchmarks/attention.py --preset full         # make bench: T up to 16k (about 25 min)
     python benchmarks/attention.py --seq-lens 4096 --head-dims 64 --levels 3 --repeats 9
 
 For every (T, d, L) it times, in one process and alternating call by call so that machine noise
