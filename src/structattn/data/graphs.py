@@ -1,0 +1,274 @@
+"""Text-attributed graphs: one in-memory form, WordNet nouns (offline stand-in), ogbn-arxiv.
+
+* :class:`TextAttributedGraph` holds node texts, labels with names, splits and ``edge_index``
+  (optionally edge texts) and converts to a ``torch_geometric`` ``Data``.
+* :func:`read_wordnet_nouns` parses WordNet's ``data.noun`` (Debian ``wordnet-base``): a node per
+  noun synset, text = lemmas + gloss, edges = hypernym (``@``) and instance-hypernym (``@i``)
+  pointers, label = lexicographer file (26 classes ``noun.Tops`` .. ``noun.time``), seeded split.
+* :func:`read_ogbn_arxiv` reads OGB's on-disk layout of ogbn-arxiv (``raw/edge.csv.gz``,
+  ``raw/node-label.csv.gz``, ``split/time/{train,valid,test}.csv.gz``,
+  ``mapping/nodeidx2paperid.csv.gz``, ``mapping/labelidx2arxivcategeory.csv.gz``) joined with the
+  title/abstract TSV (``paper id<TAB>title<TAB>abstract``).
+* :func:`sample_subgraph` takes a k-hop neighbourhood around a target with a node cap.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .base import split_indices
+
+__all__ = [
+    "TextAttributedGraph",
+    "WORDNET_NOUN_CLASSES",
+    "read_ogbn_arxiv",
+    "read_wordnet_nouns",
+    "sample_subgraph",
+]
+
+#: Lexicographer files of noun synsets (lex_filenum 3..28), in order.
+WORDNET_NOUN_CLASSES = [
+    "noun.Tops",
+    "noun.act",
+    "noun.animal",
+    "noun.artifact",
+    "noun.attribute",
+    "noun.body",
+    "noun.cognition",
+    "noun.communication",
+    "noun.event",
+    "noun.feeling",
+    "noun.food",
+    "noun.group",
+    "noun.location",
+    "noun.motive",
+    "noun.object",
+    "noun.person",
+    "noun.phenomenon",
+    "noun.plant",
+    "noun.possession",
+    "noun.process",
+    "noun.quantity",
+    "noun.relation",
+    "noun.shape",
+    "noun.state",
+    "noun.substance",
+    "noun.time",
+]
+
+
+@dataclass
+class TextAttributedGraph:
+    """A graph whose nodes carry text and a class label."""
+
+    name: str  # e.g. "wordnet-nouns"
+    node_texts: list[str]
+    labels: Tensor  # (N,) long
+    label_names: list[str]
+    edge_index: Tensor  # (2, E) long, directed source -> target
+    splits: dict[str, Tensor]  # "train" / "val" / "test" -> node indices
+    source: str  # the data actually used
+    stand_in: bool  # True when standing in for the paper's dataset
+    edge_texts: list[str] | None = None  # one per edge, optional
+    node_ids: list[str] = field(default_factory=list)  # original identifiers
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_texts)
+
+    def to_pyg(self):
+        """A ``torch_geometric.data.Data`` with ``edge_index``, ``y`` and split masks."""
+        from torch_geometric.data import Data
+
+        data = Data(edge_index=self.edge_index, y=self.labels, num_nodes=self.num_nodes)
+        for split, idx in self.splits.items():
+            mask = torch.zeros(self.num_nodes, dtype=torch.bool)
+            mask[idx] = True
+            data[f"{split}_mask"] = mask
+        return data
+
+    def summary(self) -> str:
+        kind = "STAND-IN" if self.stand_in else "original"
+        sizes = ", ".join(f"{k} {len(v)}" for k, v in self.splits.items())
+        return (
+            f"graph {self.name}: {self.source} [{kind}]\n  {self.num_nodes} nodes, "
+            f"{self.edge_index.shape[1]} edges, {len(self.label_names)} classes; {sizes}"
+        )
+
+
+def read_wordnet_nouns(
+    path: str | Path, seed: int = 0, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
+) -> TextAttributedGraph:
+    """Parse WordNet's ``data.noun``. Raises ``ValueError`` naming the file and line on a
+    malformed data line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"WordNet data.noun not found: {path} (run `make data`)")
+    offsets, texts, labels, pointers = [], [], [], []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.startswith("  ") or not line.strip():
+                continue  # licence header
+            try:
+                head, _, gloss = line.partition(" | ")
+                fields = head.split()
+                offset, lex_filenum, ss_type = fields[0], int(fields[1]), fields[2]
+                if ss_type != "n" or not 3 <= lex_filenum <= 28 or len(offset) != 8:
+                    raise ValueError(f"not a noun synset (type {ss_type!r}, lexfile {lex_filenum})")
+                w_cnt = int(fields[3], 16)
+                words = [fields[4 + 2 * i].replace("_", " ") for i in range(w_cnt)]
+                p_at = 4 + 2 * w_cnt
+                p_cnt = int(fields[p_at])
+                ptrs = []
+                for i in range(p_cnt):
+                    symbol, target, pos = fields[p_at + 1 + 4 * i : p_at + 4 + 4 * i]
+                    if symbol in ("@", "@i") and pos == "n":
+                        ptrs.append(target)
+                if len(fields) < p_at + 1 + 4 * p_cnt:
+                    raise ValueError("pointer list shorter than its count")
+            except (IndexError, ValueError) as err:
+                raise ValueError(f"{path}:{lineno}: malformed WordNet data line ({err})") from None
+            offsets.append(offset)
+            texts.append(f"{', '.join(words)}: {gloss.strip()}")
+            labels.append(lex_filenum - 3)
+            pointers.append(ptrs)
+    if not offsets:
+        raise ValueError(f"{path}: no noun synsets found")
+    index = {off: i for i, off in enumerate(offsets)}
+    src, dst = [], []
+    for i, ptrs in enumerate(pointers):
+        for target in ptrs:
+            if target in index:
+                src.append(i)
+                dst.append(index[target])
+    edge_index = torch.tensor([src, dst], dtype=torch.long).reshape(2, -1)
+    parts = split_indices(len(offsets), list(fractions), seed=seed)
+    return TextAttributedGraph(
+        name="wordnet-nouns",
+        node_texts=texts,
+        labels=torch.tensor(labels),
+        label_names=[n.removeprefix("noun.") for n in WORDNET_NOUN_CLASSES],
+        edge_index=edge_index,
+        splits=dict(zip(("train", "val", "test"), parts)),
+        source="WordNet 3.0 noun synsets (stand-in for ogbn-arxiv)",
+        stand_in=True,
+        node_ids=offsets,
+    )
+
+
+def _read_csv_gz(path: Path) -> list[list[str]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"ogbn-arxiv file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
+        return [row for row in csv.reader(f) if row]
+
+
+def _ints(rows: list[list[str]], path: Path, skip_header: bool = False) -> list[list[int]]:
+    out = []
+    for lineno, row in enumerate(rows, start=1):
+        if skip_header and lineno == 1:
+            continue
+        try:
+            out.append([int(x) for x in row])
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: expected integers, got {row!r}") from None
+    return out
+
+
+def read_ogbn_arxiv(root: str | Path, titleabs: str | Path) -> TextAttributedGraph:
+    """ogbn-arxiv from OGB's folder ``root`` (``raw/``, ``split/time/``, ``mapping/``) and the
+    title/abstract TSV. Node text = title + abstract; the time split of OGB."""
+    root, titleabs = Path(root), Path(titleabs)
+    edges = _ints(_read_csv_gz(root / "raw" / "edge.csv.gz"), root / "raw" / "edge.csv.gz")
+    labels = _ints(
+        _read_csv_gz(root / "raw" / "node-label.csv.gz"), root / "raw" / "node-label.csv.gz"
+    )
+    n = len(labels)
+    mapping_path = root / "mapping" / "nodeidx2paperid.csv.gz"
+    mapping = _ints(_read_csv_gz(mapping_path), mapping_path, skip_header=True)
+    if len(mapping) != n:
+        raise ValueError(f"{mapping_path}: {len(mapping)} rows but {n} node labels")
+    label_path = root / "mapping" / "labelidx2arxivcategeory.csv.gz"
+    label_rows = _read_csv_gz(label_path)[1:]
+    label_names = [row[1].replace("arxiv cs ", "cs.") for row in label_rows]
+    splits = {}
+    for ours, theirs in (("train", "train"), ("val", "valid"), ("test", "test")):
+        path = root / "split" / "time" / f"{theirs}.csv.gz"
+        splits[ours] = torch.tensor([r[0] for r in _ints(_read_csv_gz(path), path)])
+    paper_text: dict[int, str] = {}
+    if not titleabs.is_file():
+        raise FileNotFoundError(f"title/abstract TSV not found: {titleabs}")
+    opener = gzip.open if titleabs.suffix == ".gz" else open
+    with opener(titleabs, "rb") as raw:
+        for lineno, line in enumerate(
+            io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), start=1
+        ):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 3 or not parts[0].strip().isdigit():
+                if lineno == 1:
+                    continue  # a header
+                raise ValueError(f"{titleabs}:{lineno}: expected 'paper id<TAB>title<TAB>abstract'")
+            paper_text[int(parts[0])] = f"{parts[1].strip()}. {parts[2].strip()}"
+    texts = []
+    for i, row in enumerate(mapping):
+        if len(row) != 2 or row[0] != i:
+            raise ValueError(f"{mapping_path}:{i + 2}: expected 'node idx,paper id' for node {i}")
+        paper = row[1]
+        if paper not in paper_text:
+            raise ValueError(f"{titleabs}: no title/abstract for paper {paper} (node {i})")
+        texts.append(paper_text[paper])
+    edge_index = torch.tensor(edges, dtype=torch.long).reshape(-1, 2).T.contiguous()
+    if edge_index.numel() and int(edge_index.max()) >= n:
+        raise ValueError(f"{root / 'raw' / 'edge.csv.gz'}: edge to node >= {n}")
+    return TextAttributedGraph(
+        name="ogbn-arxiv",
+        node_texts=texts,
+        labels=torch.tensor([r[0] for r in labels]),
+        label_names=label_names,
+        edge_index=edge_index,
+        splits=splits,
+        source="ogbn-arxiv (OGB time split) with titles and abstracts",
+        stand_in=False,
+        node_ids=[str(row[1]) for row in mapping],
+    )
+
+
+def sample_subgraph(
+    graph: TextAttributedGraph, target: int, num_hops: int = 2, max_nodes: int = 16, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Nodes within ``num_hops`` of ``target`` (edges taken as undirected), at most
+    ``max_nodes``: the target first, then nearer hops before farther ones, ties broken by a
+    seeded shuffle. Returns ``(nodes (n,), local edge_index (2, E'))`` with both edge directions.
+    """
+    from torch_geometric.utils import k_hop_subgraph, subgraph, to_undirected
+
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+    if not 0 <= target < graph.num_nodes:
+        raise ValueError(f"target {target} outside 0..{graph.num_nodes - 1}")
+    undirected = to_undirected(graph.edge_index, num_nodes=graph.num_nodes)
+    chosen = [target]
+    seen = {target}
+    g = torch.Generator().manual_seed(seed * 1_000_003 + target)
+    for hop in range(1, num_hops + 1):
+        if len(chosen) >= max_nodes:
+            break
+        ring, _, _, _ = k_hop_subgraph(target, hop, undirected, num_nodes=graph.num_nodes)
+        new = [int(v) for v in ring if int(v) not in seen]
+        order = torch.randperm(len(new), generator=g).tolist()
+        for i in order[: max_nodes - len(chosen)]:
+            chosen.append(new[i])
+            seen.add(new[i])
+    nodes = torch.tensor(chosen)
+    edge_index, _ = subgraph(nodes, undirected, relabel_nodes=False, num_nodes=graph.num_nodes)
+    local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+    local[nodes] = torch.arange(len(nodes))  # global id -> position in `nodes` (target = 0)
+    return nodes, local[edge_index]
