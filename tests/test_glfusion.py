@@ -362,3 +362,21 @@ def test_save_and_load_round_trip(tmp_path):
     got = reloaded(ids, mask, graph)
     torch.testing.assert_close(got.logits, expected.logits)
     torch.testing.assert_close(got.node_logits, expected.node_logits)
+
+
+def test_graph_tokens_are_added_to_a_tokenizer_and_the_embeddings_resized(tmp_path):
+    from transformers import BertTokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(36)]))
+    tokenizer = BertTokenizer(str(vocab))
+    before = len(tokenizer)
+    model = GLFusionForCausalLM.from_base(
+        tiny_llama(), GLFusionConfig(text_dim=TEXT_DIM), tokenizer=tokenizer
+    )
+    c = model.config
+    ids = tokenizer.convert_tokens_to_ids(["<graph_start>", "<node>", "<graph_end>"])
+    assert [c.graph_start_id, c.node_id, c.graph_end_id] == ids == [before, before + 1, before + 2]
+    assert model.base.get_input_embeddings().weight.shape[0] == len(tokenizer) == before + 3
+    encoded = tokenizer("w1 <graph_start> <node> <node> <graph_end> w2")["input_ids"]
+    assert encoded.count(c.node_id) == 2 and c.graph_start_id in encoded
