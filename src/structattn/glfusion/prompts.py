@@ -1,0 +1,129 @@
+"""Node-classification examples for GL-Fusion: subgraph, node texts, prompt, label tokens.
+
+For a target node, :func:`build_example` samples a k-hop subgraph (target first, node cap),
+writes each node's text — training-set neighbours may carry their label
+(``"... [category: animal]"``), the target never does — and builds the prompt::
+
+    <instruction> <graph_start><node>...<node><graph_end> Answer:<space><label name>
+
+with the LM's tokenizer; only the label tokens are LM targets. :func:`collate_examples` pads a
+list of examples into model inputs: ``input_ids``, ``attention_mask``, ``labels``,
+``node_labels`` (the target's class, -100 elsewhere) and a :class:`GraphBatch` whose node texts
+come from an encoder (see :class:`structattn.glfusion.loading.EncodingCache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from structattn.data.graphs import TextAttributedGraph, sample_subgraph
+
+from .configuration import GLFusionConfig
+from .graph import GraphBatch
+
+__all__ = ["NodeExample", "build_example", "collate_examples", "label_token_ids", "node_text"]
+
+INSTRUCTION = "Classify the first node of this graph. Graph:"
+ANSWER = " Answer:"
+
+
+@dataclass
+class NodeExample:
+    target: int  # global node id of the target
+    nodes: Tensor  # (n,) global node ids, target first
+    edge_index: Tensor  # (2, E) local indices
+    texts: list[str]  # the text shown for each node (labels of train neighbours, never target)
+    prompt_ids: list[int]  # instruction, graph tokens, " Answer:"
+    label_ids: list[int]  # tokens of " <label name>"
+    label: int  # class of the target
+
+
+def node_text(graph: TextAttributedGraph, node: int, show_label: bool) -> str:
+    text = graph.node_texts[node]
+    if show_label:
+        text += f" [category: {graph.label_names[int(graph.labels[node])]}]"
+    return text
+
+
+def build_example(
+    graph: TextAttributedGraph,
+    target: int,
+    tokenizer,
+    config: GLFusionConfig,
+    *,
+    num_hops: int = 2,
+    max_nodes: int = 16,
+    seed: int = 0,
+    show_neighbour_labels: bool = True,
+    train_nodes: set[int] | None = None,
+) -> NodeExample:
+    """One example around ``target``; ``train_nodes`` (default: the graph's train split) are the
+    neighbours allowed to show their label."""
+    nodes, edges = sample_subgraph(graph, target, num_hops, max_nodes, seed)
+    if train_nodes is None:
+        train_nodes = set(graph.splits["train"].tolist())
+    texts = [
+        node_text(
+            graph, int(v), show_label=show_neighbour_labels and i > 0 and int(v) in train_nodes
+        )
+        for i, v in enumerate(nodes)
+    ]
+    head = tokenizer(INSTRUCTION, add_special_tokens=False)["input_ids"]
+    tail = tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+    graph_tokens = [config.graph_start_id] + [config.node_id] * len(nodes) + [config.graph_end_id]
+    label = int(graph.labels[target])
+    label_ids = tokenizer(" " + graph.label_names[label], add_special_tokens=False)["input_ids"]
+    return NodeExample(target, nodes, edges, texts, head + graph_tokens + tail, label_ids, label)
+
+
+def label_token_ids(graph: TextAttributedGraph, tokenizer) -> list[list[int]]:
+    """Token ids of every label name as it follows " Answer:" (for label scoring)."""
+    return [
+        tokenizer(" " + name, add_special_tokens=False)["input_ids"] for name in graph.label_names
+    ]
+
+
+def collate_examples(
+    examples: Sequence[NodeExample],
+    encode: Callable[[list[str]], tuple[Tensor, Tensor]],
+    with_labels: bool = True,
+) -> dict:
+    """Pad examples into model inputs. ``encode(texts) -> (encodings (n, Lt, dim), masks)``.
+    With ``with_labels`` the label tokens follow the prompt and are the only LM targets;
+    without, the prompt ends at " Answer:" (for scoring label names)."""
+    seqs, targets = [], []
+    for ex in examples:
+        ids = ex.prompt_ids + (ex.label_ids if with_labels else [])
+        seqs.append(ids)
+        targets.append([-100] * len(ex.prompt_ids) + (ex.label_ids if with_labels else []))
+    S = max(map(len, seqs))
+    B = len(seqs)
+    input_ids = torch.zeros(B, S, dtype=torch.long)
+    attention_mask = torch.zeros(B, S, dtype=torch.long)
+    labels = torch.full((B, S), -100, dtype=torch.long)
+    for b, (ids, tgt) in enumerate(zip(seqs, targets)):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention_mask[b, : len(ids)] = 1
+        labels[b, : len(tgt)] = torch.tensor(tgt)
+    node_texts, node_labels = [], []
+    for ex in examples:
+        enc, mask = encode(ex.texts)
+        node_texts.append(list(zip(enc, mask)))
+        node_labels += [ex.label] + [-100] * (len(ex.nodes) - 1)
+    texts = [[e for e, _ in nt] for nt in node_texts]
+    graph = GraphBatch.from_graphs(
+        [torch.stack(t) for t in texts], [ex.edge_index for ex in examples], targets=[0] * B
+    )
+    graph.node_text_mask = torch.cat([torch.stack([m for _, m in nt]) for nt in node_texts])
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": labels if with_labels else None,
+        "graph": graph,
+        "node_labels": torch.tensor(node_labels),
+        "classes": torch.tensor([e.label for e in examples]),
+    }

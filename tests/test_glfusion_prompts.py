@@ -1,0 +1,116 @@
+"""GL-Fusion examples: leakage rules, prompt layout, collation into a working forward pass."""
+
+from __future__ import annotations
+
+import torch
+from transformers import BertTokenizer, LlamaConfig, LlamaForCausalLM
+
+from structattn.data.graphs import read_wordnet_nouns
+from structattn.glfusion import GLFusionConfig, GLFusionForCausalLM
+from structattn.glfusion.prompts import build_example, collate_examples, label_token_ids
+
+WORDNET = (
+    "\n".join(
+        [
+            "00001740 03 n 01 entity 0 000 | that which is perceived",
+            "00001930 03 n 01 physical_entity 0 001 @ 00001740 n 0000 | an entity that exists",
+            "00002452 03 n 01 thing 0 001 @ 00001930 n 0000 | a separate and self-contained entity",
+            "09000001 15 n 01 Paris 0 001 @i 00002452 n 0000 | the capital of France",
+            "02084071 05 n 01 dog 0 001 @ 00002452 n 0000 | a member of the genus Canis",
+            "02084072 05 n 01 cat 0 001 @ 00002452 n 0000 | a feline",
+        ]
+    )
+    + "\n"
+)
+
+
+def _setup(tmp_path):
+    (tmp_path / "data.noun").write_text(WORDNET)
+    graph = read_wordnet_nouns(tmp_path / "data.noun", seed=0)
+    words = sorted(
+        {w for text in graph.node_texts for w in text.lower().replace(",", " ").split()}
+        | {w for name in graph.label_names for w in name.lower().split()}
+        | {
+            "classify",
+            "the",
+            "first",
+            "node",
+            "of",
+            "this",
+            "graph",
+            ".",
+            "graph:",
+            "answer",
+            ":",
+            "[",
+            "]",
+            "category",
+        }
+    )
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + words))
+    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    model = GLFusionForCausalLM.from_base(
+        base, GLFusionConfig(text_dim=6, num_node_classes=26), tokenizer=tokenizer
+    )
+    return graph, tokenizer, model
+
+
+def _encode(texts):
+    g = torch.Generator().manual_seed(len(" ".join(texts)))
+    enc = torch.randn(len(texts), 5, 6, generator=g).half()
+    mask = torch.ones(len(texts), 5, dtype=torch.bool)
+    mask[:, 3:] = False
+    return enc, mask
+
+
+def test_target_label_never_shown_and_train_neighbours_may_be(tmp_path):
+    graph, tokenizer, model = _setup(tmp_path)
+    train = {0, 1, 2, 3, 4, 5}  # every node "in train": only the target must stay hidden
+    for target in range(graph.num_nodes):
+        ex = build_example(graph, target, tokenizer, model.config, max_nodes=4, train_nodes=train)
+        assert "[category:" not in ex.texts[0]
+        assert all("[category:" in t for t in ex.texts[1:])
+        hidden = build_example(
+            graph, target, tokenizer, model.config, max_nodes=4, train_nodes=set()
+        )
+        assert not any("[category:" in t for t in hidden.texts)
+        assert ex.label == int(graph.labels[target])
+        assert ex.prompt_ids.count(model.config.node_id) == len(ex.nodes) <= 4
+
+
+def test_collated_batch_runs_through_the_model(tmp_path):
+    graph, tokenizer, model = _setup(tmp_path)
+    examples = [build_example(graph, t, tokenizer, model.config, max_nodes=3) for t in (4, 3)]
+    batch = collate_examples(examples, _encode)
+    assert batch["node_labels"].tolist()[0] == examples[0].label
+    n0 = len(examples[0].nodes)
+    assert batch["node_labels"].tolist()[1:n0] == [-100] * (n0 - 1)
+    label_positions = (batch["labels"][0] != -100).nonzero().flatten().tolist()
+    assert [batch["input_ids"][0, p].item() for p in label_positions] == examples[0].label_ids
+    out = model(
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["graph"],
+        labels=batch["labels"],
+        node_labels=batch["node_labels"],
+    )
+    assert torch.isfinite(out.loss)
+    prompts = collate_examples(examples, _encode, with_labels=False)
+    pred = model.predict(
+        prompts["input_ids"],
+        prompts["attention_mask"],
+        prompts["graph"],
+        label_token_ids(graph, tokenizer),
+    )
+    assert pred["ensemble"].shape == (2, 26)
