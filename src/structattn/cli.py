@@ -7,6 +7,8 @@
     structattn train --config listops-hkt [--preset quick] [--seed 0] [--train.max-steps N ...]
     structattn eval RUN_DIR [--split test]
     structattn reproduce [--preset quick|paper] [--seeds 0 1 2] [--tasks listops image text]
+    structattn diagnose RUN_DIR
+    structattn glfusion train [--preset quick|paper] [--dataset wordnet|arxiv] [--max-steps N ...]
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
 subcommand lists them with their defaults.
@@ -219,6 +221,37 @@ COMMANDS = {
 }
 
 
+def glfusion_main(argv: list[str]) -> None:
+    """``structattn glfusion train``: configs/glfusion.yaml preset, then flags on top."""
+    import yaml
+
+    from structattn.glfusion.train import GLFusionTrainConfig, results_table, train_glfusion
+    from structattn.train.config import find_config
+
+    if not argv or argv[0] != "train":
+        raise ValueError(
+            "usage: structattn glfusion train [--config PATH] [--preset quick|paper] ..."
+        )
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default="glfusion")
+    pre.add_argument("--preset", default="quick")
+    known, rest = pre.parse_known_args(argv[1:])
+    path = find_config(known.config)
+    doc = yaml.safe_load(path.read_text()) or {}
+    if known.preset not in doc:
+        raise ValueError(f"{path}: no preset {known.preset!r} (has {sorted(doc)})")
+    base = GLFusionTrainConfig(**doc[known.preset])
+    cfg = tyro.cli(
+        GLFusionTrainConfig,
+        default=base,
+        args=rest,
+        prog="structattn glfusion train",
+        description="Train GL-Fusion; --config (default configs/glfusion.yaml) and "
+        "--preset quick|paper choose the defaults below; flags override them.",
+    )
+    print(results_table(train_glfusion(cfg)))
+
+
 def train_main(argv: list[str]) -> None:
     """``structattn train``: a YAML preset, then dataclass flags on top of it."""
     from structattn.train.config import ExperimentConfig, load_experiment
@@ -247,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if argv and argv[0] == "train":
             train_main(argv[1:])
+            return
+        if argv and argv[0] == "glfusion":
+            glfusion_main(argv[1:])
             return
         command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
         command.run()

@@ -98,16 +98,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    ckpt_dir: Path, step: int, model: nn.Module, extra: dict[str, Any], keep: int = 2
+    ckpt_dir: Path,
+    step: int,
+    model: nn.Module,
+    extra: dict[str, Any],
+    keep: int = 2,
+    only_trainable: bool = False,
 ) -> Path:
-    """Atomically write checkpoint ``step`` and point ``latest`` at it; prune old ones."""
+    """Atomically write checkpoint ``step`` and point ``latest`` at it; prune old ones.
+
+    ``only_trainable`` stores just the parameters that require grad (a frozen base LM with
+    adapters need not be copied at every checkpoint)."""
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:08d}"
     final = ckpt_dir / name
     tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".{name}."))
     try:
-        save_file(_weights(model), str(tmp / "model.safetensors"))
+        weights = _weights(model)
+        if only_trainable:
+            keep_names = {n for n, p in model.named_parameters() if p.requires_grad}
+            weights = {k: v for k, v in weights.items() if k in keep_names}
+        save_file(weights, str(tmp / "model.safetensors"))
         torch.save({"step": step, **extra}, tmp / "state.pt")
         os.chmod(tmp, 0o755)
         if final.exists():
@@ -135,7 +147,15 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return path if (path / "state.pt").is_file() else None
 
 
-def load_checkpoint(path: Path, model: nn.Module) -> dict[str, Any]:
-    """Load weights into ``model`` and return the saved state (optimizer, scheduler, RNG...)."""
-    load_weights(model, Path(path) / "model.safetensors")
+def load_checkpoint(path: Path, model: nn.Module, partial: bool = False) -> dict[str, Any]:
+    """Load weights into ``model`` and return the saved state (optimizer, scheduler, RNG...).
+    ``partial``: the file holds a subset (``only_trainable``); unknown names still fail."""
+    if partial:
+        _, unexpected = model.load_state_dict(
+            load_file(str(Path(path) / "model.safetensors")), strict=False
+        )
+        if unexpected:
+            raise ValueError(f"{path}: unexpected weights {unexpected}")
+    else:
+        load_weights(model, Path(path) / "model.safetensors")
     return torch.load(Path(path) / "state.pt", weights_only=False)
