@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import yaml
+from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
@@ -38,6 +39,7 @@ from structattn.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from structattn.train.config import OptimConfig
 from structattn.train.loop import StepBatchSampler, _lr_lambda, _MetricsLog
 
 from .configuration import GLFusionConfig
@@ -83,6 +85,7 @@ class GLFusionTrainConfig:
     seed: int = 0  # sampling, init, data order
     run_dir: Path = Path("runs/glfusion-wordnet")  # output folder
     resume: bool = False  # continue from the latest checkpoint
+    stop_at: int | None = None  # pause after this step (checkpointed); continue with --resume
     extra: dict[str, str] = field(default_factory=dict)  # free-form notes
 
     def __post_init__(self) -> None:
@@ -292,12 +295,11 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
 
-    class _Opt:  # what _lr_lambda reads
-        warmup_steps, schedule = cfg.warmup_steps, "cosine"
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(_Opt, cfg.max_steps))
+    schedule = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(schedule, cfg.max_steps))
     step, step_times, best, saved_rng = 0, [], {"val_gnn": -1.0, "step": 0}, None
-    best_weights = None
+    best_weights = None  # trainable weights with the best validation accuracy so far
+    best_file = run_dir / "best_trainable.safetensors"
     resume_from = latest_checkpoint(ckpt_dir) if cfg.resume else None
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, partial=True)
@@ -309,6 +311,8 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
             state["best"],
             state["rng"],
         )
+        if best_file.is_file():
+            best_weights = load_file(str(best_file))
     model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
     log = _MetricsLog(run_dir, step, enabled=accelerator.is_main_process)
@@ -387,7 +391,16 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
                     }
                     if accelerator.is_main_process:
                         raw.save_pretrained(run_dir / "best")
+                        tmp = best_file.with_suffix(".tmp")
+                        save_file(
+                            {k: v.cpu().contiguous() for k, v in best_weights.items()}, str(tmp)
+                        )
+                        tmp.replace(best_file)
                 checkpoint()
+            if step == cfg.stop_at and step < cfg.max_steps:
+                if step % cfg.eval_every:
+                    checkpoint()
+                return {"paused_at": step, "run_dir": str(run_dir)}
     except KeyboardInterrupt:
         checkpoint()
         raise SystemExit(f"interrupted at step {step}; continue with --resume") from None
