@@ -47,7 +47,7 @@ def test_fast_layer_matches_reference_layer(T, causal):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # reproducible in CI
 @given(
     T=st.integers(2, 70),
     n_levels=st.integers(1, 4),
