@@ -48,18 +48,19 @@ def test_fast_matches_reference_forward_backward(T, n_levels, stride, causal, pa
     for t in leaves:
         t.requires_grad_(True)
     outs, grads = {}, {}
-    for impl in ("reference", "fast"):
+    for impl in ("reference", "fast", "fused"):
         lam = torch.softmax(theta, -1)
         out = hkt_attention(
             q, k, v, lam, stride=stride, causal=causal, key_padding_mask=mask, impl=impl
         )
         outs[impl] = out
         grads[impl] = _grads(out, leaves)
-    torch.testing.assert_close(outs["fast"], outs["reference"], rtol=1e-10, atol=1e-10)
-    for g_fast, g_ref in zip(grads["fast"], grads["reference"]):
-        torch.testing.assert_close(g_fast, g_ref, rtol=1e-9, atol=1e-9)
-    if mask is not None:
-        assert (outs["fast"].masked_select(~mask[:, None, :, None]) == 0).all()
+    for impl in ("fast", "fused"):
+        torch.testing.assert_close(outs[impl], outs["reference"], rtol=1e-10, atol=1e-10)
+        for g_impl, g_ref in zip(grads[impl], grads["reference"]):
+            torch.testing.assert_close(g_impl, g_ref, rtol=1e-9, atol=1e-9)
+        if mask is not None:
+            assert (outs[impl].masked_select(~mask[:, None, :, None]) == 0).all()
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
@@ -73,18 +74,19 @@ def test_fast_matches_reference_with_holes_in_mask(causal):
         t.requires_grad_(True)
     outs = [
         hkt_attention(q, k, v, lam, causal=causal, key_padding_mask=mask, impl=impl)
-        for impl in ("reference", "fast")
+        for impl in ("reference", "fast", "fused")
     ]
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
-    assert torch.isfinite(outs[1]).all()
-    assert (outs[1][2] == 0).all()
-    g_ref, g_fast = (_grads(o, [*q, *k, v]) for o in outs)
-    for a, b in zip(g_fast, g_ref):
-        assert torch.isfinite(a).all()
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    g_ref = _grads(outs[0], [*q, *k, v])
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-10, atol=1e-10)
+        assert torch.isfinite(out).all()
+        assert (out[2] == 0).all()
+        for a, b in zip(_grads(out, [*q, *k, v]), g_ref):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("impl", ["reference", "fast", "fused"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_gradcheck(impl, causal):
     q, k, v, theta, mask = make_inputs(7, 3, 2, B=2, H=2, d=3, d_v=2, padded=True, seed=5)
@@ -102,7 +104,7 @@ def test_gradcheck(impl, causal):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("impl", ["reference", "fast", "fused"])
 def test_low_precision_error_bounded_by_same_precision_baseline(dtype, impl):
     """Each path in low precision is at most 2x (plus a floor) as far from the float64 truth as
     plain SDPA attention is in the same precision."""
@@ -127,7 +129,7 @@ def test_low_precision_error_bounded_by_same_precision_baseline(dtype, impl):
     assert err <= 2 * baseline + 4 * torch.finfo(dtype).eps, (err, baseline)
 
 
-@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("impl", ["reference", "fast", "fused"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_single_level_weight_is_standard_attention(impl, causal):
     """lambda = e_0 (any L) is exactly SDPA on level 0 (Prop. 3.4)."""
@@ -154,7 +156,7 @@ def test_level_weights_shared_or_per_head_agree():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("impl", ["reference", "fast", "fused"])
 def test_causality_by_perturbation_functional(impl):
     """Changing fine positions >= t (and coarse rows only they use) never changes outputs < t."""
     T, L, s = 50, 3, 2

@@ -291,6 +291,15 @@ ATTENTION_IMPLS: dict[str, AttentionFn] = {
 }
 
 
+def _attention_fused(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
+    from .fused import fused_hkt_attention
+
+    return fused_hkt_attention(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p)
+
+
+ATTENTION_IMPLS["fused"] = _attention_fused
+
+
 def hkt_attention(
     q: Sequence[Tensor],
     k: Sequence[Tensor],
