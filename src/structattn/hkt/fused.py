@@ -63,7 +63,13 @@ def _tile_scores(q, k, lam, scale, i0, i1, j0, j1, stride):
         cj0, cj1 = j0 // f, (j1 - 1) // f + 1
         c = (q[l][:, :, ci0:ci1] @ k[l][:, :, cj0:cj1].transpose(-1, -2)) * scale
         coarse.append(c)
-        s = s + lam[:, l].view(1, -1, 1, 1) * _expand(c, f, i1 - i0, j1 - j0)
+        weighted = lam[:, l].view(1, -1, 1, 1) * c
+        ni, nj = i1 - i0, j1 - j0
+        if ni % f == 0 and nj % f == 0:  # add by broadcasting over the blocks, no expanded copy
+            B, H = s.shape[:2]
+            s.view(B, H, ni // f, f, nj // f, f).add_(weighted[:, :, :, None, :, None])
+        else:  # the ragged last tile
+            s = s + _expand(weighted, f, ni, nj)
     return s, fine, coarse
 
 
