@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .fused import fused_hkt_attention
+
 __all__ = [
     "ATTENTION_IMPLS",
     "HKTCost",
@@ -288,16 +290,8 @@ AttentionFn = Callable[..., Tensor]
 ATTENTION_IMPLS: dict[str, AttentionFn] = {
     "reference": _attention_reference,
     "fast": _attention_fast,
+    "fused": fused_hkt_attention,
 }
-
-
-def _attention_fused(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
-    from .fused import fused_hkt_attention
-
-    return fused_hkt_attention(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p)
-
-
-ATTENTION_IMPLS["fused"] = _attention_fused
 
 
 def hkt_attention(
