@@ -40,7 +40,7 @@ from structattn.train.checkpoint import (
     set_rng_state,
 )
 from structattn.train.config import OptimConfig
-from structattn.train.loop import StepBatchSampler, _lr_lambda, _MetricsLog
+from structattn.train.loop import MetricsLog, StepBatchSampler, lr_lambda
 
 from .configuration import GLFusionConfig
 from .loading import EncodingCache, load_llm, load_text_encoder
@@ -296,7 +296,7 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
 
     schedule = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(schedule, cfg.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, cfg.max_steps))
     step, step_times, best, saved_rng = 0, [], {"val_gnn": -1.0, "step": 0}, None
     best_weights = None  # trainable weights with the best validation accuracy so far
     best_file = run_dir / "best_trainable.safetensors"
@@ -315,7 +315,7 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
             best_weights = load_file(str(best_file))
     model, optimizer = accelerator.prepare(model, optimizer)
     raw = accelerator.unwrap_model(model)
-    log = _MetricsLog(run_dir, step, enabled=accelerator.is_main_process)
+    log = MetricsLog(run_dir, step, enabled=accelerator.is_main_process)
     sampler = StepBatchSampler(
         len(examples["train"]),
         cfg.batch_size,

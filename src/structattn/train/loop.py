@@ -57,7 +57,7 @@ from .checkpoint import (
 )
 from .config import ExperimentConfig, config_from_dict, config_to_dict
 
-__all__ = ["StepBatchSampler", "evaluate", "evaluate_run", "train"]
+__all__ = ["MetricsLog", "StepBatchSampler", "evaluate", "evaluate_run", "lr_lambda", "train"]
 
 METRIC_FIELDS = ["step", "split", "loss", "acc", "lr", "step_ms"]
 
@@ -104,7 +104,7 @@ class StepBatchSampler(Sampler[list[int]]):
             yield perm[lo : lo + self.batch_size].tolist()
 
 
-def _lr_lambda(optim, max_steps: int):
+def lr_lambda(optim, max_steps: int):
     def fn(step: int) -> float:
         if optim.warmup_steps and step < optim.warmup_steps:
             return (step + 1) / optim.warmup_steps
@@ -160,7 +160,7 @@ def evaluate(
     return {"loss": total_loss / max(count, 1), "acc": correct / max(count, 1), "n": count}
 
 
-class _MetricsLog:
+class MetricsLog:
     """CSV + TensorBoard; on resume drops CSV rows past the resumed step."""
 
     def __init__(self, run_dir: Path, resume_step: int, enabled: bool):
@@ -241,7 +241,7 @@ def train(cfg: ExperimentConfig, data: TaskData | None = None, progress: bool = 
         betas=(cfg.optim.beta1, cfg.optim.beta2),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(cfg.optim, cfg.train.max_steps)
+        optimizer, lr_lambda(cfg.optim, cfg.train.max_steps)
     )
     step, best, step_times, saved_rng = 0, {"val_acc": -1.0, "step": 0}, [], None
     if resume_from is not None:
@@ -254,7 +254,7 @@ def train(cfg: ExperimentConfig, data: TaskData | None = None, progress: bool = 
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     model, optimizer = accelerator.prepare(model, optimizer)
     raw_model = accelerator.unwrap_model(model)
-    log = _MetricsLog(run_dir, step, enabled=main)
+    log = MetricsLog(run_dir, step, enabled=main)
 
     sampler = StepBatchSampler(
         len(data.train),
