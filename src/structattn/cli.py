@@ -112,9 +112,9 @@ class Params:
 
         model = self.model
         if self.task is not None:
-            model = model.replace(**TASK_SHAPES[self.task]) if self.task in TASK_SHAPES else None
-            if model is None:
+            if self.task not in TASK_SHAPES:
                 raise ValueError(f"task must be one of {sorted(TASK_SHAPES)}, got {self.task!r}")
+            model = model.replace(**TASK_SHAPES[self.task])
         counts = {
             att: count_parameters(SequenceClassifier(model.replace(attention=att)))
             for att in ("hkt", "mha")
