@@ -47,6 +47,13 @@ def _inner(base: nn.Module) -> nn.Module:
     return base.get_base_model() if hasattr(base, "get_base_model") else base
 
 
+def _fit_vocabulary(lm: nn.Module, config: GLFusionConfig) -> None:
+    """Resize ``lm``'s embeddings so the graph-token ids exist."""
+    needed = max(config.graph_start_id, config.node_id, config.graph_end_id) + 1
+    if lm.get_input_embeddings().weight.shape[0] < needed:
+        lm.resize_token_embeddings(needed, mean_resizing=False)
+
+
 def add_graph_tokens(tokenizer) -> dict[str, int]:
     """Add ``<graph_start>``, ``<node>``, ``<graph_end>`` to a Hugging Face tokenizer."""
     tokenizer.add_special_tokens({"additional_special_tokens": list(GRAPH_TOKENS)})
@@ -106,9 +113,7 @@ class GLFusionForCausalLM(nn.Module):
                 ids = {"graph_start_id": v, "node_id": v + 1, "graph_end_id": v + 2}
             for key, value in ids.items():
                 setattr(config, key, value)
-        needed = max(config.graph_start_id, config.node_id, config.graph_end_id) + 1
-        if inner.get_input_embeddings().weight.shape[0] < needed:
-            inner.resize_token_embeddings(needed, mean_resizing=False)
+        _fit_vocabulary(inner, config)
         return cls(base_lm, config)
 
     # ------------------------------------------------------------------ hooks
@@ -309,9 +314,7 @@ class GLFusionForCausalLM(nn.Module):
         if (path / "adapter").is_dir():
             from peft import PeftModel
 
-            needed = max(config.graph_start_id, config.node_id, config.graph_end_id) + 1
-            if base_lm.get_input_embeddings().weight.shape[0] < needed:
-                base_lm.resize_token_embeddings(needed, mean_resizing=False)
+            _fit_vocabulary(base_lm, config)  # the adapter was saved on the resized base
             base_lm = PeftModel.from_pretrained(base_lm, str(path / "adapter"), is_trainable=True)
         model = cls.from_base(base_lm, config)
         state = load_file(str(path / "glfusion_modules.safetensors"))
