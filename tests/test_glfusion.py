@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 import random
 
+import helpers
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from structattn.glfusion import (
     GLFusionConfig,
@@ -24,17 +24,7 @@ TEXT_DIM = 8
 
 
 def tiny_llama(layers=4, seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg).double().eval()
+    return helpers.tiny_llama(40, layers=layers, seed=seed).double()
 
 
 def tiny_model(layers=4, seed=0, **cfg):

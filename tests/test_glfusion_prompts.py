@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import BertTokenizer, LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama, word_tokenizer
 
 from structattn.data.graphs import read_wordnet_nouns
 from structattn.glfusion import GLFusionConfig, GLFusionForCausalLM
@@ -47,19 +47,8 @@ def _setup(tmp_path):
             "category",
         }
     )
-    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + words))
-    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    tokenizer = word_tokenizer(tmp_path / "vocab.txt", words)
+    base = tiny_llama(len(tokenizer))
     model = GLFusionForCausalLM.from_base(
         base, GLFusionConfig(text_dim=6, num_node_classes=26), tokenizer=tokenizer
     )

@@ -6,7 +6,8 @@ import json
 import random
 
 import torch
-from transformers import BertConfig, BertModel, BertTokenizer, LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama, word_tokenizer
+from transformers import BertConfig, BertModel, BertTokenizer
 
 from structattn.data.graphs import WORDNET_NOUN_CLASSES
 from structattn.glfusion.train import GLFusionTrainConfig, train_glfusion
@@ -37,19 +38,8 @@ def _tiny_models(tmp_path):
     names = sorted({n.removeprefix("noun.").lower() for n in WORDNET_NOUN_CLASSES})
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[", "]", ":", ".", ","] + WORDS + names
     vocab += ["classify", "the", "first", "node", "of", "this", "graph", "answer", "category"]
-    (tmp_path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)))
-    tokenizer = BertTokenizer(str(tmp_path / "vocab.txt"))
-    torch.manual_seed(0)
-    llm = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    tokenizer = word_tokenizer(tmp_path / "vocab.txt", vocab)
+    llm = tiny_llama(len(tokenizer))
     encoder = BertModel(
         BertConfig(
             vocab_size=len(tokenizer),
