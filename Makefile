@@ -10,10 +10,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,graph,llm]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,graph,llm,triton]"
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv and install the package with every extra (dev, graph, llm)
+setup: $(STAMP)  ## create .venv and install the package with every extra (dev, graph, llm, triton)
 
 data: $(STAMP)  ## fetch the offline stand-in datasets into the data cache (idempotent)
 	$(VENV)/bin/structattn data fetch

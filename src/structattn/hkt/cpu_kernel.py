@@ -1,0 +1,154 @@
+"""The C++/OpenMP HKT attention kernel (``csrc/hkt_cpu.cpp``), built just in time.
+
+The kernel is compiled on first use by :func:`torch.utils.cpp_extension.load` (about a minute on
+two cores, then cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+Importing structattn never compiles anything. When no C++ compiler is found, the build fails, or
+``STRUCTATTN_NO_CPP_KERNEL=1`` is set, :func:`cpu_kernel` returns None after one one-line
+warning and the callers fall back to the PyTorch paths.
+
+The kernel computes in float32 (vectorised) or float64; other floating dtypes are computed in
+float32 and cast back by :func:`cpp_hkt_attention`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+__all__ = ["cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
+
+_SOURCE = Path(__file__).parent / "csrc" / "hkt_cpu.cpp"
+_NAME = "structattn_hkt_cpu"
+DEFAULT_TILE_Q = 128
+DEFAULT_TILE_K = 256
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "module" or "error", set once
+
+
+def _build() -> ModuleType:
+    if os.environ.get("STRUCTATTN_NO_CPP_KERNEL", "") not in ("", "0"):
+        raise RuntimeError("disabled by STRUCTATTN_NO_CPP_KERNEL")
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler!r} not found on PATH)")
+    if shutil.which("ninja") is None:  # the ninja wheel's binary, when its bin/ is not on PATH
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass
+    from torch.utils.cpp_extension import load
+
+    flags = ["-O3", "-fopenmp", "-march=native"]
+    return load(
+        name=_NAME,
+        sources=[str(_SOURCE)],
+        extra_cflags=flags,
+        extra_ldflags=["-fopenmp"],
+        verbose=os.environ.get("STRUCTATTN_VERBOSE_BUILD", "") not in ("", "0"),
+    )
+
+
+def cpu_kernel() -> ModuleType | None:
+    """The compiled kernel module, building it on the first call; None when unavailable."""
+    with _lock:
+        if "module" in _state:
+            return _state["module"]  # type: ignore[return-value]
+        if "error" in _state:
+            return None
+        try:
+            _state["module"] = _build()
+            return _state["module"]  # type: ignore[return-value]
+        except Exception as exc:  # any build failure must leave the PyTorch paths working
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _state["error"] = first
+            warnings.warn(
+                f"structattn: C++ HKT kernel unavailable ({first[:200]}); "
+                "using the PyTorch implementation",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+
+
+def cpu_kernel_error() -> str | None:
+    """Why the kernel is unavailable (after a failed :func:`cpu_kernel`), else None."""
+    return _state.get("error")  # type: ignore[return-value]
+
+
+class _CppHKT(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, lam, v, key_mask, causal, stride, scale, tile_q, tile_k, *qk):
+        mod = cpu_kernel()
+        L = len(qk) // 2
+        q, k = list(qk[:L]), list(qk[L:])
+        out, lse = mod.forward(q, k, v, lam, key_mask, causal, stride, scale, tile_q, tile_k)
+        ctx.save_for_backward(lam, v, out, lse, *q, *k)
+        ctx.args = (key_mask, causal, stride, scale, tile_q, tile_k, L)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lam, v, out, lse, *qk = ctx.saved_tensors
+        key_mask, causal, stride, scale, tile_q, tile_k, L = ctx.args
+        q, k = qk[:L], qk[L:]
+        grads = cpu_kernel().backward(
+            list(q), list(k), v, lam, key_mask, causal, stride, scale, tile_q, tile_k,
+            out, lse, grad_out.contiguous(),
+        )  # fmt: skip
+        dq, dk, dv, dlam = grads[:L], grads[L : 2 * L], grads[2 * L], grads[2 * L + 1]
+        return (dlam, dv, None, None, None, None, None, None, *dq, *dk)
+
+
+def _tiles(n_levels: int, stride: int, tile_q: int, tile_k: int) -> tuple[int, int]:
+    block = stride ** (n_levels - 1)
+    return tuple(max(block, (t + block - 1) // block * block) for t in (tile_q, tile_k))
+
+
+def cpp_hkt_attention(
+    q,
+    k,
+    v: Tensor,
+    lam: Tensor,
+    stride: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    tile_q: int = DEFAULT_TILE_Q,
+    tile_k: int = DEFAULT_TILE_K,
+) -> Tensor:
+    """Registered as ``impl="fused_cpp"``; the contract of the other implementations.
+
+    Raises:
+        RuntimeError: when the kernel cannot be built (see :func:`cpu_kernel_error`) or the
+            inputs are not on the CPU.
+        ValueError: for ``dropout_p > 0`` (not implemented by the fused kernels).
+    """
+    if dropout_p > 0:
+        raise ValueError("impl='fused_cpp' does not implement attention dropout; use impl='fast'")
+    if v.device.type != "cpu":
+        raise RuntimeError(f"impl='fused_cpp' runs on the CPU; got tensors on {v.device}")
+    if cpu_kernel() is None:
+        raise RuntimeError(f"the C++ HKT kernel is unavailable: {cpu_kernel_error()}")
+    dtype = v.dtype
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    tq, tk = _tiles(len(q), stride, tile_q, tile_k)
+    key_mask = None
+    if key_padding_mask is not None:
+        # sequences with no real token attend anywhere (finite); their outputs are zeroed
+        key_mask = (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
+    qk = [x.to(work).contiguous() for x in (*q, *k)]
+    out = _CppHKT.apply(
+        lam.to(work), v.to(work).contiguous(), key_mask, causal, stride, float(scale), tq, tk, *qk
+    )
+    return out.to(dtype)

@@ -1,0 +1,662 @@
+// HKT attention on the CPU: blockwise online softmax with OpenMP (through at::parallel_for).
+//
+// Same mathematics as structattn/hkt/fused.py (the readable PyTorch tile loop), written so that
+// the extra work over standard flash attention is small:
+//   * the fine scores Q0 K0^T and A V are single-threaded BLAS calls per tile (the GEMM that
+//     PyTorch's own CPU flash attention uses), so the FLOPs are those of standard attention;
+//   * each coarse level's scores are one small GEMM per tile at coarse resolution (a 1/s^(2l)
+//     share); the levels are folded coarse-to-fine into one level-1 bias (G_l = lam_l C_l +
+//     expand(G_{l+1})), expanded once per level-1 row and added while taking the row maximum,
+//     so L only costs one extra pass over the tile, whatever L is;
+//   * key padding is folded into that bias (-inf), causality into the row length;
+//   * backward recomputes each tile from the saved log-sum-exp; coarse score gradients are
+//     nested block sums of the fine score gradient.
+//
+// Shapes: q[l], k[l] (B, H, T_l, d) contiguous; v (B, H, T, dv); lam (H, L); key_mask (B, T)
+// bool (True = real token). Tiles are multiples of s^(L-1), so a coarse block never straddles
+// two tiles. float32 is vectorised (AVX2 exp when the compiler targets it); float64 is scalar.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(CPU_CAPABILITY)
+#define CPU_CAPABILITY_AVX2
+#define CPU_CAPABILITY AVX2
+#endif
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace {
+
+// The Fortran BLAS that libtorch_cpu links (MKL in the x86 wheels, OpenBLAS elsewhere): the GEMM
+// that PyTorch's own CPU flash attention runs. Called inside our parallel region it runs on one
+// thread.
+extern "C" {
+void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void dgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b,
+            const int* ldb, const double* beta, double* c, const int* ldc);
+}
+
+inline void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k,
+                      const float* alpha, const float* a, const int* lda, const float* b,
+                      const int* ldb, const float* beta, float* c, const int* ldc) {
+  sgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+inline void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k,
+                      const double* alpha, const double* a, const int* lda, const double* b,
+                      const int* ldb, const double* beta, double* c, const int* ldc) {
+  dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Row-major C (M x N) = alpha op(A) op(B) + beta C: the column-major product C^T = op(B)^T op(A)^T.
+// op(A) is M x K; lda, ldb, ldc are row strides. Tiles are far below 2^31 elements.
+template <typename T>
+inline void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const char opa = tb ? 'T' : 'N', opb = ta ? 'T' : 'N';
+  const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+  const int la = static_cast<int>(ldb), lb = static_cast<int>(lda), lc = static_cast<int>(ldc);
+  blas_gemm(&opa, &opb, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
+}
+
+// ---- row primitives (float32 vectorised, float64 plain) ---------------------------------------
+
+// x[j] = w * x[j] + e[j] for j < n; returns max_j x[j] (-inf for n == 0).
+template <typename T>
+inline T axpy_max(T* x, const T* e, int64_t n, T w) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = w * x[j] + e[j];
+    mx = std::max(mx, x[j]);
+  }
+  return mx;
+}
+
+// x[j] = exp(x[j] - shift) for j < n; returns the sum.
+template <typename T>
+inline T exp_sum(T* x, int64_t n, T shift) {
+  T sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = std::exp(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+// p[j] = exp(w * x[j] + e[j] - shift) for j < n.
+template <typename T>
+inline void exp_affine(T* p, const T* x, const T* e, int64_t n, T w, T shift) {
+  for (int64_t j = 0; j < n; ++j) p[j] = std::exp(w * x[j] + e[j] - shift);
+}
+
+// r[j] = p[j] * (r[j] - delta) (r holds dP on entry, dS on exit); returns sum_j r[j] * f[j].
+template <typename T>
+inline T ds_dot(T* r, const T* p, const T* f, int64_t n, T delta) {
+  T dot = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    r[j] = p[j] * (r[j] - delta);
+    dot += r[j] * f[j];
+  }
+  return dot;
+}
+
+// acc[j] += x[j] for j < n.
+template <typename T>
+inline void add_to(T* acc, const T* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) acc[j] += x[j];
+}
+
+using fVec = at::vec::Vectorized<float>;
+
+template <>
+inline float axpy_max<float>(float* x, const float* e, int64_t n, float w) {
+  const int64_t V = fVec::size();
+  fVec vw(w), vmax(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    fVec r = at::vec::fmadd(vw, fVec::loadu(x + j), fVec::loadu(e + j));
+    r.store(x + j);
+    vmax = at::vec::maximum(vmax, r);
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  if (j > 0) {
+    mx = at::vec::vec_reduce_all<float>(
+        [](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vmax);
+  }
+  for (; j < n; ++j) {
+    x[j] = w * x[j] + e[j];
+    mx = std::max(mx, x[j]);
+  }
+  return mx;
+}
+
+template <>
+inline float exp_sum<float>(float* x, int64_t n, float shift) {
+  const int64_t V = fVec::size();
+  fVec vs(shift), vsum(0.f);
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    fVec p = (fVec::loadu(x + j) - vs).exp_u20();
+    p.store(x + j);
+    vsum = vsum + p;
+  }
+  float sum = 0.f;
+  if (j > 0) {
+    sum = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, vsum);
+  }
+  for (; j < n; ++j) {
+    x[j] = std::exp(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+template <>
+inline void exp_affine<float>(float* p, const float* x, const float* e, int64_t n, float w,
+                              float shift) {
+  const int64_t V = fVec::size();
+  fVec vw(w), vs(shift);
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    fVec r = at::vec::fmadd(vw, fVec::loadu(x + j), fVec::loadu(e + j)) - vs;
+    r.exp_u20().store(p + j);
+  }
+  for (; j < n; ++j) p[j] = std::exp(w * x[j] + e[j] - shift);
+}
+
+template <>
+inline float ds_dot<float>(float* r, const float* p, const float* f, int64_t n, float delta) {
+  const int64_t V = fVec::size();
+  fVec vd(delta), vdot(0.f);
+  int64_t j = 0;
+  for (; j + V <= n; j += V) {
+    fVec ds = fVec::loadu(p + j) * (fVec::loadu(r + j) - vd);
+    ds.store(r + j);
+    vdot = at::vec::fmadd(ds, fVec::loadu(f + j), vdot);
+  }
+  float dot = 0.f;
+  if (j > 0) dot = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, vdot);
+  for (; j < n; ++j) {
+    r[j] = p[j] * (r[j] - delta);
+    dot += r[j] * f[j];
+  }
+  return dot;
+}
+
+template <>
+inline void add_to<float>(float* acc, const float* x, int64_t n) {
+  const int64_t V = fVec::size();
+  int64_t j = 0;
+  for (; j + V <= n; j += V) (fVec::loadu(acc + j) + fVec::loadu(x + j)).store(acc + j);
+  for (; j < n; ++j) acc[j] += x[j];
+}
+
+// dst[b] += sum of x[b*s .. b*s+s) (ragged last group), for the column groups of a row.
+template <typename T>
+inline void add_groups(T* dst, const T* x, int64_t n, int64_t s) {
+  if (s == 2) {
+    int64_t b = 0;
+    for (; 2 * b + 1 < n; ++b) dst[b] += x[2 * b] + x[2 * b + 1];
+    if (2 * b < n) dst[b] += x[2 * b];
+    return;
+  }
+  for (int64_t b = 0, j = 0; j < n; ++b) {
+    T acc = 0;
+    for (const int64_t je = std::min(j + s, n); j < je; ++j) acc += x[j];
+    dst[b] += acc;
+  }
+}
+
+// dst[j] = src[j / s] for j < n: a row of a coarse grid repeated over its column blocks.
+template <typename T>
+inline void expand_cols(T* dst, const T* src, int64_t n, int64_t s) {
+  for (int64_t b = 0, j = 0; j < n; ++b) {
+    const T val = src[b];
+    for (const int64_t je = std::min(j + s, n); j < je; ++j) dst[j] = val;
+  }
+}
+
+template <>
+inline void expand_cols<float>(float* dst, const float* src, int64_t n, int64_t s) {
+  const int64_t V = fVec::size();
+  int64_t j = 0;
+  if (s == 2) {
+    for (; j + 2 * V <= n; j += 2 * V) {
+      const fVec x = fVec::loadu(src + j / 2);
+      const auto dup = at::vec::interleave2<float>(x, x);
+      dup.first.store(dst + j);
+      dup.second.store(dst + j + V);
+    }
+  }
+  for (; j < n; ++j) dst[j] = src[j / s];
+}
+
+template <>
+inline void add_groups<float>(float* dst, const float* x, int64_t n, int64_t s) {
+  if (s != 2) {
+    for (int64_t b = 0, j = 0; j < n; ++b) {
+      float acc = 0.f;
+      for (const int64_t je = std::min(j + s, n); j < je; ++j) acc += x[j];
+      dst[b] += acc;
+    }
+    return;
+  }
+  const int64_t V = fVec::size();
+  int64_t j = 0;
+  for (; j + 2 * V <= n; j += 2 * V) {
+    const auto eo = at::vec::deinterleave2<float>(fVec::loadu(x + j), fVec::loadu(x + j + V));
+    (fVec::loadu(dst + j / 2) + eo.first + eo.second).store(dst + j / 2);
+  }
+  for (; j < n; ++j) dst[j / 2] += x[j];
+}
+
+// ---- geometry -----------------------------------------------------------------------------------
+
+struct Geom {
+  int64_t B, H, T, d, dv, L, s, tile_q, tile_k;
+  bool causal;
+  double scale;
+  std::vector<int64_t> Tl, f;  // level lengths and factors s^l
+
+  // coarse index range of level l covering fine [a0, a1): start and count
+  int64_t c0(int64_t l, int64_t a0) const { return a0 / f[l]; }
+  int64_t cn(int64_t l, int64_t a0, int64_t a1) const { return (a1 - 1) / f[l] + 1 - a0 / f[l]; }
+};
+
+Geom make_geom(const std::vector<at::Tensor>& q, const at::Tensor& v, int64_t stride, bool causal,
+               double scale, int64_t tile_q, int64_t tile_k) {
+  Geom g;
+  g.B = v.size(0);
+  g.H = v.size(1);
+  g.T = v.size(2);
+  g.dv = v.size(3);
+  g.d = q[0].size(3);
+  g.L = static_cast<int64_t>(q.size());
+  g.s = stride;
+  g.causal = causal;
+  g.scale = scale;
+  int64_t f = 1;
+  for (int64_t l = 0; l < g.L; ++l) {
+    g.Tl.push_back(q[l].size(2));
+    g.f.push_back(f);
+    f *= stride;
+  }
+  const int64_t block = g.f[g.L - 1];
+  TORCH_CHECK(tile_q % block == 0 && tile_k % block == 0,
+              "tiles must be multiples of stride^(L-1) = ", block);
+  g.tile_q = tile_q;
+  g.tile_k = tile_k;
+  return g;
+}
+
+void check_inputs(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& k,
+                  const at::Tensor& v, const at::Tensor& lam) {
+  TORCH_CHECK(!q.empty() && q.size() == k.size(), "q and k need the same number of levels");
+  TORCH_CHECK(v.dim() == 4 && v.is_contiguous() && v.device().is_cpu(), "v: contiguous CPU (B,H,T,dv)");
+  for (size_t l = 0; l < q.size(); ++l) {
+    TORCH_CHECK(q[l].is_contiguous() && k[l].is_contiguous(), "q and k must be contiguous");
+    TORCH_CHECK(q[l].scalar_type() == v.scalar_type() && k[l].scalar_type() == v.scalar_type(),
+                "q, k and v must share one dtype");
+  }
+  TORCH_CHECK(lam.dim() == 2 && lam.size(1) == static_cast<int64_t>(q.size()),
+              "lam must be (H, L)");
+}
+
+// Per work item: the coarse scores C_l (scale included, lam excluded) of a tile and the folded
+// level-1 bias G_1 = sum_{l>=1} lam_l expand(C_l) at level-1 resolution.
+template <typename T>
+struct CoarseTile {
+  std::vector<std::vector<T>> C, G;
+  std::vector<int64_t> rows, cols;
+
+  explicit CoarseTile(const Geom& g)
+      : C(g.L), G(g.L), rows(g.L), cols(g.L) {
+    for (int64_t l = 1; l < g.L; ++l) {
+      const int64_t r = g.tile_q / g.f[l] + 1, c = g.tile_k / g.f[l] + 1;
+      C[l].resize(r * c);
+      G[l].resize(r * c);
+    }
+  }
+
+  // keep_raw: also keep C_l (the backward pass needs it for the level-weight gradient).
+  void compute(const Geom& g, const std::vector<const T*>& Q, const std::vector<const T*>& K,
+               const T* lam_h, int64_t i0, int64_t i1, int64_t j0, int64_t j1, bool keep_raw,
+               T* rowbuf) {
+    for (int64_t l = g.L - 1; l >= 1; --l) {
+      const int64_t ci0 = g.c0(l, i0), cj0 = g.c0(l, j0);
+      const int64_t nr = g.cn(l, i0, i1), nc = g.cn(l, j0, j1);
+      rows[l] = nr;
+      cols[l] = nc;
+      const T w = lam_h[l];
+      T* Gl = G[l].data();
+      if (keep_raw) {
+        mm<T>(false, true, nr, nc, g.d, static_cast<T>(g.scale), Q[l] + ci0 * g.d, g.d,
+              K[l] + cj0 * g.d, g.d, T(0), C[l].data(), nc);
+        const T* Cl = C[l].data();
+        for (int64_t a = 0; a < nr * nc; ++a) Gl[a] = w * Cl[a];
+      } else {
+        mm<T>(false, true, nr, nc, g.d, w * static_cast<T>(g.scale), Q[l] + ci0 * g.d, g.d,
+              K[l] + cj0 * g.d, g.d, T(0), Gl, nc);
+      }
+      if (l < g.L - 1) {  // add the coarser levels, already folded into G_{l+1}
+        const T* Gu = G[l + 1].data();
+        const int64_t ncu = cols[l + 1];
+        for (int64_t a = 0; a < nr; ++a) {
+          if (a % g.s == 0) expand_cols<T>(rowbuf, Gu + (a / g.s) * ncu, nc, g.s);
+          add_to<T>(Gl + a * nc, rowbuf, nc);
+        }
+      }
+    }
+  }
+
+  // e[j] = G_1[a, j / s] + key_bias[j], the fused bias of every fine row in level-1 row a.
+  void expand_row(const Geom& g, int64_t a, int64_t nj, const T* key_bias, bool masked,
+                  T* e) const {
+    if (g.L == 1) {
+      if (masked) std::copy(key_bias, key_bias + nj, e);
+      else std::fill(e, e + nj, T(0));
+      return;
+    }
+    expand_cols<T>(e, G[1].data() + a * cols[1], nj, g.s);
+    if (masked) add_to<T>(e, key_bias, nj);
+  }
+};
+
+// 0 for a real key, -inf for a padded one.
+template <typename T>
+void key_bias_of(const bool* km, int64_t j0, int64_t nj, T* out) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < nj; ++j) out[j] = (km == nullptr || km[j0 + j]) ? T(0) : ninf;
+}
+
+// Number of admissible columns of fine row i (absolute) in the key tile starting at j0.
+inline int64_t row_limit(const Geom& g, int64_t i, int64_t j0, int64_t nj) {
+  if (!g.causal) return nj;
+  return std::max<int64_t>(0, std::min<int64_t>(nj, i - j0 + 1));
+}
+
+// Runs fn(item) for items in `order` on all threads, taking them one by one (dynamic schedule).
+template <typename Fn>
+void run_dynamic(const std::vector<int64_t>& order, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t w = next++; w < n; w = next++) fn(order[w]);
+  });
+}
+
+// ---- forward --------------------------------------------------------------------------------------
+
+template <typename T>
+void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
+                  const std::vector<at::Tensor>& k, const at::Tensor& v, const at::Tensor& lam,
+                  const bool* km, at::Tensor& out, at::Tensor& lse) {
+  const int64_t n_qt = (g.T + g.tile_q - 1) / g.tile_q;
+  // largest (causal: latest) query tiles first, so the dynamic schedule ends balanced
+  std::vector<int64_t> order;
+  for (int64_t t = n_qt - 1; t >= 0; --t)
+    for (int64_t bh = 0; bh < g.B * g.H; ++bh) order.push_back(bh * n_qt + t);
+
+  const T* lam_p = lam.data_ptr<T>();
+  T* out_p = out.data_ptr<T>();
+  T* lse_p = lse.data_ptr<T>();
+  const T* v_p = v.data_ptr<T>();
+  const T inf = std::numeric_limits<T>::infinity();
+
+  run_dynamic(order, [&](int64_t item) {
+    const int64_t bh = item / n_qt, t = item % n_qt;
+    const int64_t b = bh / g.H, h = bh % g.H;
+    const int64_t i0 = t * g.tile_q, i1 = std::min(i0 + g.tile_q, g.T), ni = i1 - i0;
+    std::vector<const T*> Q(g.L), K(g.L);
+    for (int64_t l = 0; l < g.L; ++l) {
+      Q[l] = q[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+      K[l] = k[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+    }
+    const T* V = v_p + bh * g.T * g.dv;
+    const bool* kmb = km == nullptr ? nullptr : km + b * g.T;
+    const T* lam_h = lam_p + h * g.L;
+
+    CoarseTile<T> ct(g);
+    std::vector<T> S(g.tile_q * g.tile_k), E(g.tile_k), kb(g.tile_k);
+    std::vector<T> m(ni, -inf), den(ni, T(0)), acc(ni * g.dv, T(0));
+
+    const int64_t jend = g.causal ? i1 : g.T;
+    for (int64_t j0 = 0; j0 < jend; j0 += g.tile_k) {
+      const int64_t j1 = std::min(j0 + g.tile_k, g.T), nj = j1 - j0;
+      mm<T>(false, true, ni, nj, g.d, static_cast<T>(g.scale), Q[0] + i0 * g.d, g.d,
+            K[0] + j0 * g.d, g.d, T(0), S.data(), nj);
+      ct.compute(g, Q, K, lam_h, i0, i1, j0, j1, false, E.data());
+      key_bias_of(kmb, j0, nj, kb.data());
+      for (int64_t i = 0; i < ni; ++i) {
+        if (g.L == 1 ? i == 0 : i % g.s == 0)
+          ct.expand_row(g, i / g.s, nj, kb.data(), kmb != nullptr, E.data());
+        T* row = S.data() + i * nj;
+        const int64_t lim = row_limit(g, i0 + i, j0, nj);
+        const T rmax = axpy_max<T>(row, E.data(), lim, lam_h[0]);
+        const T m_new = std::max(m[i], rmax);
+        if (m_new == -inf) {  // nothing admissible yet in this row
+          std::fill(row, row + nj, T(0));
+          continue;
+        }
+        const T sum = exp_sum<T>(row, lim, m_new);
+        std::fill(row + lim, row + nj, T(0));
+        const T corr = std::exp(m[i] - m_new);
+        den[i] = den[i] * corr + sum;
+        if (corr != T(1)) {
+          T* a = acc.data() + i * g.dv;
+          for (int64_t c = 0; c < g.dv; ++c) a[c] *= corr;
+        }
+        m[i] = m_new;
+      }
+      mm<T>(false, false, ni, g.dv, nj, T(1), S.data(), nj, V + j0 * g.dv, g.dv, T(1), acc.data(),
+            g.dv);
+    }
+    T* O = out_p + (bh * g.T + i0) * g.dv;
+    T* lse_row = lse_p + bh * g.T + i0;
+    for (int64_t i = 0; i < ni; ++i) {
+      if (den[i] > T(0)) {
+        const T r = T(1) / den[i];
+        for (int64_t c = 0; c < g.dv; ++c) O[i * g.dv + c] = acc[i * g.dv + c] * r;
+        lse_row[i] = m[i] + std::log(den[i]);
+      } else {  // no admissible key: output 0, +inf makes the recomputed probabilities 0
+        for (int64_t c = 0; c < g.dv; ++c) O[i * g.dv + c] = T(0);
+        lse_row[i] = inf;
+      }
+    }
+  });
+}
+
+// ---- backward -------------------------------------------------------------------------------------
+
+// dst (nr_dst x nc_dst) = sums of src (nr x nc) over s x s blocks (ragged at the far edges):
+// the rows of a block are added first (vectorised), then the column groups once per block.
+template <typename T>
+void block_sum(const T* src, int64_t nr, int64_t nc, int64_t s, T* dst, int64_t nc_dst,
+               int64_t nr_dst, T* rowbuf) {
+  std::fill(dst, dst + nr_dst * nc_dst, T(0));
+  for (int64_t a0 = 0; a0 < nr; a0 += s) {
+    const int64_t a1 = std::min(a0 + s, nr);
+    std::copy(src + a0 * nc, src + a0 * nc + nc, rowbuf);
+    for (int64_t a = a0 + 1; a < a1; ++a) add_to<T>(rowbuf, src + a * nc, nc);
+    add_groups<T>(dst + (a0 / s) * nc_dst, rowbuf, nc, s);
+  }
+}
+
+template <typename T>
+void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
+                   const std::vector<at::Tensor>& k, const at::Tensor& v, const at::Tensor& lam,
+                   const bool* km, const at::Tensor& out, const at::Tensor& lse,
+                   const at::Tensor& dout, std::vector<at::Tensor>& dq,
+                   std::vector<at::Tensor>& dk, at::Tensor& dv, at::Tensor& dlam_bh) {
+  std::vector<int64_t> order(g.B * g.H);
+  for (int64_t i = 0; i < g.B * g.H; ++i) order[i] = i;
+  const T* lam_p = lam.data_ptr<T>();
+
+  run_dynamic(order, [&](int64_t bh) {
+    const int64_t b = bh / g.H, h = bh % g.H;
+    std::vector<const T*> Q(g.L), K(g.L);
+    std::vector<T*> dQ(g.L), dK(g.L);
+    for (int64_t l = 0; l < g.L; ++l) {
+      Q[l] = q[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+      K[l] = k[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+      dQ[l] = dq[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+      dK[l] = dk[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+    }
+    const T* V = v.data_ptr<T>() + bh * g.T * g.dv;
+    const T* O = out.data_ptr<T>() + bh * g.T * g.dv;
+    const T* dO = dout.data_ptr<T>() + bh * g.T * g.dv;
+    const T* LSE = lse.data_ptr<T>() + bh * g.T;
+    T* dV = dv.data_ptr<T>() + bh * g.T * g.dv;
+    T* dlam = dlam_bh.data_ptr<T>() + bh * g.L;
+    const bool* kmb = km == nullptr ? nullptr : km + b * g.T;
+    const T* lam_h = lam_p + h * g.L;
+    const T lam0 = lam_h[0];
+
+    std::vector<T> delta(g.T);
+    for (int64_t i = 0; i < g.T; ++i) {
+      T acc = 0;
+      for (int64_t c = 0; c < g.dv; ++c) acc += dO[i * g.dv + c] * O[i * g.dv + c];
+      delta[i] = acc;
+    }
+    CoarseTile<T> ct(g);
+    std::vector<std::vector<T>> D(g.L);
+    for (int64_t l = 1; l < g.L; ++l) D[l].resize(ct.C[l].size());
+    std::vector<T> F(g.tile_q * g.tile_k), P(g.tile_q * g.tile_k), dS(g.tile_q * g.tile_k);
+    std::vector<T> E(g.tile_k), kb(g.tile_k);
+    std::vector<double> dlam_acc(g.L, 0.0);
+
+    for (int64_t i0 = 0; i0 < g.T; i0 += g.tile_q) {
+      const int64_t i1 = std::min(i0 + g.tile_q, g.T), ni = i1 - i0;
+      const int64_t jend = g.causal ? i1 : g.T;
+      for (int64_t j0 = 0; j0 < jend; j0 += g.tile_k) {
+        const int64_t j1 = std::min(j0 + g.tile_k, g.T), nj = j1 - j0;
+        // recompute the probabilities of the tile from the saved log-sum-exp
+        mm<T>(false, true, ni, nj, g.d, static_cast<T>(g.scale), Q[0] + i0 * g.d, g.d,
+              K[0] + j0 * g.d, g.d, T(0), F.data(), nj);
+        ct.compute(g, Q, K, lam_h, i0, i1, j0, j1, true, E.data());
+        key_bias_of(kmb, j0, nj, kb.data());
+        for (int64_t i = 0; i < ni; ++i) {
+          if (g.L == 1 ? i == 0 : i % g.s == 0)
+          ct.expand_row(g, i / g.s, nj, kb.data(), kmb != nullptr, E.data());
+          const int64_t lim = row_limit(g, i0 + i, j0, nj);
+          T* p = P.data() + i * nj;
+          exp_affine<T>(p, F.data() + i * nj, E.data(), lim, lam0, LSE[i0 + i]);
+          std::fill(p + lim, p + nj, T(0));
+        }
+        // dV += P^T dO;  dP = dO V^T
+        mm<T>(true, false, nj, g.dv, ni, T(1), P.data(), nj, dO + i0 * g.dv, g.dv, T(1),
+              dV + j0 * g.dv, g.dv);
+        mm<T>(false, true, ni, nj, g.dv, T(1), dO + i0 * g.dv, g.dv, V + j0 * g.dv, g.dv, T(0),
+              dS.data(), nj);
+        // dS = P (dP - delta): the gradient of the fused score
+        double dl0 = 0.0;
+        for (int64_t i = 0; i < ni; ++i) {
+          const int64_t o = i * nj;
+          dl0 += ds_dot<T>(dS.data() + o, P.data() + o, F.data() + o, nj, delta[i0 + i]);
+        }
+        dlam_acc[0] += dl0;
+        const T w0 = lam0 * static_cast<T>(g.scale);
+        mm<T>(false, false, ni, g.d, nj, w0, dS.data(), nj, K[0] + j0 * g.d, g.d, T(1),
+              dQ[0] + i0 * g.d, g.d);
+        mm<T>(true, false, nj, g.d, ni, w0, dS.data(), nj, Q[0] + i0 * g.d, g.d, T(1),
+              dK[0] + j0 * g.d, g.d);
+        // coarse levels: nested block sums of dS
+        for (int64_t l = 1; l < g.L; ++l) {
+          const int64_t nr = ct.rows[l], nc = ct.cols[l];
+          if (l == 1) {
+            block_sum<T>(dS.data(), ni, nj, g.s, D[1].data(), nc, nr, E.data());
+          } else {
+            block_sum<T>(D[l - 1].data(), ct.rows[l - 1], ct.cols[l - 1], g.s, D[l].data(), nc,
+                         nr, E.data());
+          }
+          double dl = 0.0;
+          const T* Dl = D[l].data();
+          const T* Cl = ct.C[l].data();
+          for (int64_t a = 0; a < nr * nc; ++a) dl += Dl[a] * Cl[a];
+          dlam_acc[l] += dl;
+          const T wl = lam_h[l] * static_cast<T>(g.scale);
+          const int64_t ci0 = g.c0(l, i0), cj0 = g.c0(l, j0);
+          mm<T>(false, false, nr, g.d, nc, wl, Dl, nc, K[l] + cj0 * g.d, g.d, T(1),
+                dQ[l] + ci0 * g.d, g.d);
+          mm<T>(true, false, nc, g.d, nr, wl, Dl, nc, Q[l] + ci0 * g.d, g.d, T(1),
+                dK[l] + cj0 * g.d, g.d);
+        }
+      }
+    }
+    for (int64_t l = 0; l < g.L; ++l) dlam[l] = static_cast<T>(dlam_acc[l]);
+  });
+}
+
+const bool* mask_ptr(const std::optional<at::Tensor>& key_mask, const Geom& g) {
+  if (!key_mask.has_value()) return nullptr;
+  const at::Tensor& m = *key_mask;
+  TORCH_CHECK(m.scalar_type() == at::kBool && m.is_contiguous() && m.dim() == 2 &&
+                  m.size(0) == g.B && m.size(1) == g.T,
+              "key_mask must be a contiguous bool (B, T) tensor");
+  return m.data_ptr<bool>();
+}
+
+}  // namespace
+
+std::vector<at::Tensor> hkt_forward(std::vector<at::Tensor> q, std::vector<at::Tensor> k,
+                                    at::Tensor v, at::Tensor lam,
+                                    std::optional<at::Tensor> key_mask, bool causal,
+                                    int64_t stride, double scale, int64_t tile_q,
+                                    int64_t tile_k) {
+  check_inputs(q, k, v, lam);
+  const Geom g = make_geom(q, v, stride, causal, scale, tile_q, tile_k);
+  const bool* km = mask_ptr(key_mask, g);
+  at::Tensor out = at::empty_like(v);
+  at::Tensor lse = at::empty({g.B, g.H, g.T}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "hkt_forward", [&] {
+    forward_impl<scalar_t>(g, q, k, v, lam.contiguous(), km, out, lse);
+  });
+  return {out, lse};
+}
+
+std::vector<at::Tensor> hkt_backward(std::vector<at::Tensor> q, std::vector<at::Tensor> k,
+                                     at::Tensor v, at::Tensor lam,
+                                     std::optional<at::Tensor> key_mask, bool causal,
+                                     int64_t stride, double scale, int64_t tile_q,
+                                     int64_t tile_k, at::Tensor out, at::Tensor lse,
+                                     at::Tensor dout) {
+  check_inputs(q, k, v, lam);
+  TORCH_CHECK(out.is_contiguous() && dout.is_contiguous() && lse.is_contiguous(),
+              "out, lse and dout must be contiguous");
+  const Geom g = make_geom(q, v, stride, causal, scale, tile_q, tile_k);
+  const bool* km = mask_ptr(key_mask, g);
+  std::vector<at::Tensor> dq, dk;
+  for (int64_t l = 0; l < g.L; ++l) {
+    dq.push_back(at::zeros_like(q[l]));
+    dk.push_back(at::zeros_like(k[l]));
+  }
+  at::Tensor dv = at::zeros_like(v);
+  at::Tensor dlam_bh = at::zeros({g.B, g.H, g.L}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "hkt_backward", [&] {
+    backward_impl<scalar_t>(g, q, k, v, lam.contiguous(), km, out, lse, dout, dq, dk, dv,
+                            dlam_bh);
+  });
+  std::vector<at::Tensor> grads = dq;
+  grads.insert(grads.end(), dk.begin(), dk.end());
+  grads.push_back(dv);
+  grads.push_back(dlam_bh.sum(0));
+  return grads;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "HKT attention CPU kernel (blockwise online softmax, OpenMP)";
+  m.def("forward", &hkt_forward, "HKT attention forward: returns (out, lse)");
+  m.def("backward", &hkt_backward,
+        "HKT attention backward: returns (*dq, *dk, dv, dlam)");
+}

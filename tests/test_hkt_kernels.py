@@ -1,0 +1,261 @@
+"""The fused kernels: C++/OpenMP on the CPU, Triton (in Triton's interpreter), dispatch, fallback.
+
+The 160-case grid of test_hkt_functional.py already runs ``fused_cpp`` with its default tiles;
+these tests add small tiles (many tile boundaries, ragged last tiles, query and key tiles of
+different sizes), the vectorised float32 code, determinism, the ``fused`` / ``auto`` dispatch
+and the clean fallback when no compiler is present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_hkt_functional import make_inputs, require
+
+from structattn.hkt import cpu_kernel as ck
+from structattn.hkt import hkt_attention
+from structattn.hkt.functional import ATTENTION_IMPLS
+
+
+def _run(fn, q, k, v, theta, mask, stride, causal, **kw):
+    """Output and gradients (q, k, v, theta) of one implementation."""
+    leaves = [*q, *k, v, theta]
+    for t in leaves:
+        t.requires_grad_(True)
+    lam = torch.softmax(theta, -1)
+    scale = q[0].shape[-1] ** -0.5
+    out = fn(list(q), list(k), v, lam, stride, causal, mask, scale, 0.0, **kw)
+    if mask is not None:
+        out = out.masked_fill(~mask[:, None, :, None], 0.0)
+    # the same upstream gradient in every precision: drawn in float64, then rounded
+    g = torch.Generator().manual_seed(1)
+    upstream = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
+    return out, torch.autograd.grad(out, leaves, upstream)
+
+
+def _reference(q, k, v, theta, mask, stride, causal):
+    return _run(ATTENTION_IMPLS["reference"], q, k, v, theta, mask, stride, causal)
+
+
+# ---- C++ kernel -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tiles", [(4, 4), (8, 16), (16, 8), (12, 20)])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize(("T", "n_levels", "stride"), [(37, 3, 2), (61, 2, 3), (45, 1, 2)])
+def test_cpp_small_tiles_match_reference(T, n_levels, stride, causal, tiles):
+    """Tiles far smaller than T: every boundary, the ragged last tile, unequal q/k tiles (the
+    kernel rounds tiles up to multiples of stride^(L-1))."""
+    require("fused_cpp")
+    q, k, v, theta, mask = make_inputs(T, n_levels, stride, padded=True, seed=T)
+    ref_out, ref_grads = _reference(q, k, v, theta, mask, stride, causal)
+    out, grads = _run(
+        ck.cpp_hkt_attention, q, k, v, theta, mask, stride, causal, tile_q=tiles[0],
+        tile_k=tiles[1],
+    )  # fmt: skip
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize(("T", "n_levels", "stride"), [(1, 3, 2), (37, 3, 2), (300, 3, 2),
+                                                       (97, 2, 3), (130, 4, 2)])  # fmt: skip
+def test_cpp_float32_matches_float64_reference(T, n_levels, stride, causal):
+    """The vectorised float32 code (AVX2 exp, row lengths not multiples of the vector width)
+    stays within float32 rounding of the float64 reference, like the SDPA fast path does."""
+    require("fused_cpp")
+    q, k, v, theta, mask = make_inputs(T, n_levels, stride, d=16, d_v=8, padded=True, seed=7)
+    ref_out, ref_grads = _reference(q, k, v, theta, mask, stride, causal)
+
+    def low(t):
+        return t.detach().float()
+
+    args = ([low(x) for x in q], [low(x) for x in k], low(v), low(theta), mask, stride, causal)
+    out, grads = _run(ck.cpp_hkt_attention, *args, tile_q=32, tile_k=64)
+    fast_out, fast_grads = _run(ATTENTION_IMPLS["fast"], *args)
+    assert out.dtype == torch.float32
+
+    def err(a, b):
+        return (a.double() - b).abs().max().item()
+
+    eps = torch.finfo(torch.float32).eps
+    assert err(out, ref_out) <= 4 * err(fast_out, ref_out) + 64 * eps
+    for g, fg, rg in zip(grads, fast_grads, ref_grads):
+        scale = rg.abs().max().item() + 1
+        assert err(g, rg) <= 4 * err(fg, rg) + 256 * eps * scale
+
+
+def test_cpp_is_deterministic():
+    require("fused_cpp")
+    q, k, v, theta, mask = make_inputs(300, 3, 2, B=2, H=3, d=8, padded=True)
+    a = _run(ck.cpp_hkt_attention, q, k, v, theta, mask, 2, True, tile_q=32, tile_k=32)
+    b = _run(ck.cpp_hkt_attention, q, k, v, theta, mask, 2, True, tile_q=32, tile_k=32)
+    assert torch.equal(a[0], b[0])
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def test_cpp_rejects_dropout_and_other_devices():
+    require("fused_cpp")
+    q, k, v, theta, _ = make_inputs(8, 2, 2)
+    lam = torch.softmax(theta, -1)
+    with pytest.raises(ValueError, match="dropout"):
+        hkt_attention(q, k, v, lam, impl="fused_cpp", dropout_p=0.1)
+    meta = [x.to("meta") for x in q]
+    with pytest.raises(RuntimeError, match="runs on the CPU"):
+        ck.cpp_hkt_attention(meta, meta, v.to("meta"), lam, 2, True, None, 0.5, 0.0)
+
+
+def test_import_never_builds_the_kernel():
+    code = (
+        "import sys, structattn, structattn.hkt, structattn.hkt.functional; "
+        "assert not any('structattn_hkt_cpu' in m for m in sys.modules), 'built at import'"
+    )
+    env = {**os.environ, "CXX": "/nonexistent/c++"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """A machine without a compiler: the kernel state reset, CXX pointing nowhere."""
+    monkeypatch.setattr(ck, "_state", {})
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    return ck
+
+
+def test_without_compiler_fused_and_auto_fall_back_with_one_warning(no_kernel):
+    q, k, v, theta, mask = make_inputs(37, 3, 2, padded=True)
+    lam = torch.softmax(theta, -1)
+    with pytest.warns(RuntimeWarning, match="C.. HKT kernel unavailable.*no C.. compiler"):
+        fused = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="fused")
+    assert "no C++ compiler" in no_kernel.cpu_kernel_error()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning is said once, not per call
+        auto = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="auto")
+        torch_loop = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="fused_torch")
+        fast = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="fast")
+    assert torch.equal(fused, torch_loop)
+    assert torch.equal(auto, fast)
+    with pytest.raises(RuntimeError, match="C\\+\\+ HKT kernel is unavailable: no C\\+\\+"):
+        hkt_attention(q, k, v, lam, impl="fused_cpp")
+
+
+def test_auto_and_fused_pick_the_cpp_kernel_on_cpu(monkeypatch):
+    require("fused_cpp")
+    calls = []
+    real = ck.cpp_hkt_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    import structattn.hkt.functional as fn
+
+    monkeypatch.setattr(fn, "cpp_hkt_attention", spy)
+    q, k, v, theta, _ = make_inputs(20, 3, 2)
+    lam = torch.softmax(theta, -1)
+    ref = hkt_attention(q, k, v, lam, impl="reference")
+    for impl in ("auto", "fused"):
+        torch.testing.assert_close(hkt_attention(q, k, v, lam, impl=impl), ref)
+    assert len(calls) == 2
+    # attention dropout is only on the SDPA path: auto takes it there
+    torch.manual_seed(0)
+    hkt_attention(q, k, v, lam, impl="auto", dropout_p=0.5)
+    assert len(calls) == 2
+
+
+# ---- Triton kernel (Triton's interpreter on CPU tensors) -----------------------------------------
+
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+TRITON_CASES = [  # (T, L, s, causal, padded, dtype)
+    (1, 3, 2, True, False, torch.float64),
+    (37, 3, 2, True, True, torch.float64),
+    (37, 3, 2, False, False, torch.float64),
+    (29, 2, 4, False, True, torch.float64),
+    (50, 4, 2, True, True, torch.float64),
+    (13, 1, 2, True, False, torch.float64),
+    (40, 3, 2, True, True, torch.float32),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(("T", "n_levels", "stride", "causal", "padded", "dtype"), TRITON_CASES)
+def test_triton_matches_reference(interpreter, T, n_levels, stride, causal, padded, dtype):
+    """Tiles of 16-32 rows (several per sequence, the last ragged), forward and backward."""
+    from structattn.hkt.triton_kernel import triton_hkt_attention
+
+    q, k, v, theta, mask = make_inputs(T, n_levels, stride, d=8, d_v=5, padded=padded, seed=T)
+    ref_out, ref_grads = _reference(q, k, v, theta, mask, stride, causal)
+    low = [t.detach().to(dtype) for t in (*q, *k, v, theta)]
+    L = n_levels
+    out, grads = _run(
+        triton_hkt_attention, low[:L], low[L : 2 * L], low[2 * L], low[2 * L + 1], mask, stride,
+        causal,
+    )  # fmt: skip
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=tol)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.double(), b, rtol=10 * tol, atol=10 * tol)
+
+
+@needs_triton
+def test_triton_causality_by_perturbation(interpreter):
+    T, L, s = 40, 3, 2
+    q, k, v, theta, _ = make_inputs(T, L, s, d=8)
+    lam = torch.softmax(theta, -1)
+    base = hkt_attention(q, k, v, lam, impl="fused_triton")
+    t = 21
+    q2, k2, v2 = [x.clone() for x in q], [x.clone() for x in k], v.clone()
+    for l in range(L):
+        first_future = (t - 1) // s**l + 1
+        q2[l][:, :, first_future:] += 10.0
+        k2[l][:, :, first_future:] -= 10.0
+    v2[:, :, t:] *= -3.0
+    out = hkt_attention(q2, k2, v2, lam, impl="fused_triton")
+    torch.testing.assert_close(out[:, :, :t], base[:, :, :t], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out[:, :, t:], base[:, :, t:])
+
+
+@needs_triton
+def test_triton_refuses_what_it_does_not_support(monkeypatch):
+    q, k, v, theta, _ = make_inputs(12, 2, 3)
+    lam = torch.softmax(theta, -1)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        hkt_attention(q, k, v, lam, stride=3, impl="fused_triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="powers of two"):
+        hkt_attention(q, k, v, lam, stride=3, impl="fused_triton")
+    q, k, v, theta, _ = make_inputs(12, 2, 2)
+    with pytest.raises(ValueError, match="multiple of"):
+        from structattn.hkt.triton_kernel import triton_hkt_attention
+
+        triton_hkt_attention(q, k, v, torch.softmax(theta, -1), 2, True, None, 0.5, 0.0, block=24)
+
+
+def test_single_level_fused_paths_equal_sdpa():
+    """L = 1 through the C++ kernel is standard attention (the paper's exact special case)."""
+    require("fused_cpp")
+    q, k, v, _, _ = make_inputs(70, 1, 2)
+    lam = torch.ones(1, dtype=torch.float64)
+    for causal in (True, False):
+        out = hkt_attention(q, k, v, lam, causal=causal, impl="fused_cpp")
+        expected = F.scaled_dot_product_attention(q[0], k[0], v, is_causal=causal)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
