@@ -1,22 +1,29 @@
 """Attention benchmark: HKT attention against SDPA multi-head attention, forward + backward.
 
     python benchmarks/attention.py --preset quick        # make bench-quick (about 5 minutes)
-    python benchmarks/attention.py --preset full         # make bench: T up to 16k (about 25 min)
+    python benchmarks/attention.py --preset full         # make bench: T 1k/4k/16k (about 25 min)
     python benchmarks/attention.py --seq-lens 4096 --head-dims 64 --levels 3 --repeats 9
+    python benchmarks/attention.py --preset gpu          # CUDA, bfloat16, T 4k/16k/64k
 
 For every (T, d, L) it times, in one process and alternating call by call so that machine noise
 hits every path alike:
 
-* ``sdpa``       standard causal multi-head attention, ``scaled_dot_product_attention``;
-* ``hkt_fast``   :func:`structattn.hkt.hkt_attention` with ``impl="fast"`` (exact, O(T) memory);
-* ``hkt_fused``  ``impl="fused"``: blockwise online softmax, coarse scores once per block (exact);
-* ``hkt_ref``    the materialised reference (only up to ``--reference-max-len``);
+* ``sdpa``              standard causal multi-head attention, ``scaled_dot_product_attention``
+                        (FlashAttention on CUDA, PyTorch's flash kernel on the CPU);
+* ``hkt_fast``          :func:`structattn.hkt.hkt_attention` with ``impl="fast"`` (one SDPA call
+                        on the concatenated levels);
+* ``hkt_fused_cpp``     the C++/OpenMP blockwise kernel (CPU, when it builds);
+* ``hkt_fused_triton``  the Triton blockwise kernel (CUDA, when Triton is installed);
+* ``hkt_fused_torch``   the PyTorch tile loop (only up to ``--tile-loop-max-len``);
+* ``hkt_ref``           the materialised reference (only up to ``--reference-max-len``);
 
-and reports medians, the ratio of each to SDPA, and the peak bytes of tensors that operators
-allocate during forward + backward (:class:`structattn.utils.TensorMemoryTracker`; inputs
-excluded, private scratch of a fused kernel not seen). Output: a markdown table on stdout, plus
+and reports medians, the ratio of each to SDPA, and peak memory during forward + backward: on
+the CPU the bytes of tensors that operators allocate (:class:`structattn.utils.TensorMemoryTracker`;
+inputs excluded, the C++ kernel's private per-thread tile scratch not seen), on CUDA
+``torch.cuda.max_memory_allocated`` above the inputs. Output: a markdown table on stdout, plus
 ``attention.json``, ``attention.md`` and ``attention.png`` (ratio to SDPA vs T) in ``--out-dir``.
-Inputs are float32, causal, B x H heads; level weights are learnable (their gradient is timed).
+Inputs are causal, B x H heads; level weights are learnable (their gradient is timed). The
+JSON records which path ``impl="auto"`` picks on the device.
 """
 
 from __future__ import annotations
@@ -42,8 +49,16 @@ from structattn.utils import TensorMemoryTracker
 
 PRESETS = {
     "quick": dict(seq_lens=(1024, 4096), head_dims=(32, 64), levels=(1, 2, 3), repeats=5),
-    "full": dict(
-        seq_lens=(1024, 2048, 4096, 8192, 16384), head_dims=(32, 64), levels=(1, 2, 3), repeats=5
+    "full": dict(seq_lens=(1024, 4096, 16384), head_dims=(32, 64), levels=(2, 3), repeats=5),
+    "gpu": dict(
+        seq_lens=(4096, 16384, 65536),
+        head_dims=(64,),
+        levels=(2, 3),
+        repeats=10,
+        device="cuda",
+        dtype="bfloat16",
+        batch=2,
+        heads=16,
     ),
 }
 TARGET_RATIO = 1.31  # the paper's cost (1.3125x for L = 3): the goal at T = 4096
@@ -53,15 +68,18 @@ TARGET_RATIO = 1.31  # the paper's cost (1.3125x for L = 3): the goal at T = 409
 class Args:
     """Forward + backward time and peak memory of HKT attention vs SDPA multi-head attention."""
 
-    preset: Literal["quick", "full"] = "quick"  # grid of T, d, L and repeats (flags override)
+    preset: Literal["quick", "full", "gpu"] = "quick"  # grid, repeats (flags override)
     seq_lens: tuple[int, ...] | None = None  # sequence lengths T (default: from the preset)
     head_dims: tuple[int, ...] | None = None  # head dims d (default: from the preset)
     levels: tuple[int, ...] | None = None  # level counts L (default: from the preset)
     repeats: int | None = None  # timed calls per path; the median is reported
-    batch: int = 1  # batch size B
-    heads: int = 4  # heads H
+    batch: int | None = None  # batch size B (default 1; gpu preset 2)
+    heads: int | None = None  # heads H (default 4; gpu preset 16)
+    device: str | None = None  # cpu or cuda (default: cpu; gpu preset: cuda)
+    dtype: Literal["float32", "bfloat16", None] = None  # default float32 (gpu preset: bfloat16)
     stride: int = 2  # level stride s
     reference_max_len: int = 4096  # run the materialised reference only up to this T
+    tile_loop_max_len: int = 4096  # run the PyTorch tile loop (impl="fused_torch") up to this T
     memory: bool = True  # also measure peak tensor memory (one extra call per path)
     threads: int | None = None  # torch threads (default: torch's choice)
     out_dir: Path = Path("results/bench")  # where attention.json / .md / .png go
@@ -69,21 +87,43 @@ class Args:
     extra: dict[str, str] = field(default_factory=dict)  # free-form notes copied to the JSON
 
     def resolve(self) -> Args:
-        preset = PRESETS[self.preset]
-        for key in ("seq_lens", "head_dims", "levels", "repeats"):
+        preset = {"batch": 1, "heads": 4, "device": "cpu", "dtype": "float32"}
+        preset.update(PRESETS[self.preset])
+        for key in ("seq_lens", "head_dims", "levels", "repeats", "batch", "heads", "device",
+                    "dtype"):  # fmt: skip
             if getattr(self, key) is None:
                 setattr(self, key, preset[key])
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device cuda requested but torch sees no CUDA device")
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         return self
 
 
-def _make_case(B, H, T, d, n_levels, stride, seed):
+def _fused_paths(device: str) -> list[str]:
+    """The blockwise kernels that can run here (building the C++ kernel if needed)."""
+    if device == "cpu":
+        from structattn.hkt.cpu_kernel import cpu_kernel
+
+        return ["fused_cpp"] if cpu_kernel() is not None else []
+    from structattn.hkt.triton_kernel import triton_available
+
+    return ["fused_triton"] if triton_available() else []
+
+
+def _auto_choice(device: str) -> str:
+    """Which implementation ``impl="auto"`` resolves to on this device (no dropout)."""
+    from structattn.hkt.cpu_kernel import cpu_kernel
+
+    return "fused_cpp" if device == "cpu" and cpu_kernel() is not None else "fast"
+
+
+def _make_case(B, H, T, d, n_levels, stride, seed, device="cpu", dtype=torch.float32):
     """Inputs (leaf tensors requiring grad) and a closure per path returning the output."""
     g = torch.Generator().manual_seed(seed)
 
     def leaf(*shape):
-        return torch.randn(*shape, generator=g).requires_grad_(True)
+        return torch.randn(*shape, generator=g).to(device, dtype).requires_grad_(True)
 
     q0, k0, v = leaf(B, H, T, d), leaf(B, H, T, d), leaf(B, H, T, d)
     lengths = level_lengths(T, n_levels, stride)
@@ -102,27 +142,40 @@ def _make_case(B, H, T, d, n_levels, stride, seed):
 
         return run
 
-    paths = {
-        "sdpa": sdpa,
-        "hkt_fast": hkt("fast"),
-        "hkt_fused": hkt("fused"),
-        "hkt_ref": hkt("reference"),
-    }
+    paths = {"sdpa": sdpa}
+    for impl in ("fast", "fused_cpp", "fused_triton", "fused_torch", "reference"):
+        paths["hkt_ref" if impl == "reference" else f"hkt_{impl}"] = hkt(impl)
     return leaves, paths
 
 
-def _fwd_bwd(fn: Callable[[], torch.Tensor], leaves) -> float:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _fwd_bwd(fn: Callable[[], torch.Tensor], leaves, device: str = "cpu") -> float:
     for t in leaves:
         t.grad = None
+    _sync(device)
     start = time.perf_counter()
     out = fn()
     out.backward(torch.ones_like(out))
+    _sync(device)
     return time.perf_counter() - start
 
 
-def _peak_bytes(fn, leaves) -> int:
+def _peak_bytes(fn, leaves, device: str = "cpu") -> int:
     for t in leaves:
         t.grad = None
+    if device == "cuda":
+        _sync(device)
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        out.backward(torch.ones_like(out))
+        del out
+        _sync(device)
+        return torch.cuda.max_memory_allocated() - base
     with TensorMemoryTracker() as mem:
         out = fn()
         out.backward(torch.ones_like(out))
@@ -130,46 +183,67 @@ def _peak_bytes(fn, leaves) -> int:
     return mem.peak_bytes
 
 
+PATH_LABELS = {
+    "sdpa": "SDPA",
+    "hkt_fast": "fast",
+    "hkt_fused_cpp": "fused C++",
+    "hkt_fused_triton": "fused Triton",
+    "hkt_fused_torch": "fused tile loop",
+    "hkt_ref": "reference",
+}
+
+
 def run(args: Args) -> dict:
     args.resolve()
     if args.threads:
         torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    fused = _fused_paths(args.device)
     grid = [(T, d, L) for T in args.seq_lens for d in args.head_dims for L in args.levels]
     rows = []
     for T, d, L in tqdm(grid, desc="attention benchmark", unit="case", file=sys.stderr):
-        leaves, paths = _make_case(args.batch, args.heads, T, d, L, args.stride, args.seed)
-        names = ["sdpa", "hkt_fast", "hkt_fused"]
+        leaves, paths = _make_case(
+            args.batch, args.heads, T, d, L, args.stride, args.seed, args.device, dtype
+        )
+        names = ["sdpa", "hkt_fast"] + [f"hkt_{impl}" for impl in fused]
+        names += ["hkt_fused_torch"] if T <= args.tile_loop_max_len else []
         names += ["hkt_ref"] if T <= args.reference_max_len else []
         times = {name: [] for name in names}
         for name in names:  # warm-up, untimed
-            _fwd_bwd(paths[name], leaves)
+            _fwd_bwd(paths[name], leaves, args.device)
         for _ in range(args.repeats):  # alternate paths call by call
             for name in names:
-                times[name].append(_fwd_bwd(paths[name], leaves))
+                times[name].append(_fwd_bwd(paths[name], leaves, args.device))
         row = {"T": T, "d": d, "L": L}
         for name in names:
             row[f"{name}_ms"] = 1e3 * statistics.median(times[name])
             row[f"{name}_ms_all"] = [1e3 * t for t in times[name]]
             row[f"{name}_ratio"] = row[f"{name}_ms"] / row["sdpa_ms"]
             if args.memory:
-                row[f"{name}_peak_mib"] = _peak_bytes(paths[name], leaves) / 2**20
+                row[f"{name}_peak_mib"] = _peak_bytes(paths[name], leaves, args.device) / 2**20
                 row[f"{name}_mem_ratio"] = row[f"{name}_peak_mib"] / row["sdpa_peak_mib"]
         cost = hkt_cost(L, args.stride, seq_len=T)
         row["paper_flop_ratio"] = cost.paper_score_ratio
         row["fast_flop_ratio"] = cost.fast_total_ratio
+        row["fused_flop_ratio"] = cost.fused_total_ratio
         rows.append(row)
         del leaves, paths
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": args.device,
+    }
+    if args.device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
     return {
-        "benchmark": "attention forward+backward, float32, causal",
+        "benchmark": f"attention forward+backward, {args.dtype}, causal, {args.device}",
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
-        "environment": {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "processor": platform.processor(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-        },
+        "environment": env,
+        "auto_picks": _auto_choice(args.device),
         "target_ratio_at_4096": TARGET_RATIO,
         "rows": rows,
     }
@@ -185,40 +259,52 @@ def _mem(row, name):
     return f"{row[f'{name}_peak_mib']:.1f} ({row[f'{name}_mem_ratio']:.1f}x)"
 
 
+def _present(rows: list[dict]) -> list[str]:
+    """Paths measured in at least one row, in the order of :data:`PATH_LABELS`."""
+    return [n for n in PATH_LABELS if any(f"{n}_ms" in r for r in rows)]
+
+
 def to_markdown(result: dict) -> str:
-    a = result["args"]
+    a, env = result["args"], result["environment"]
+    names = _present(result["rows"])
+    hkt = [n for n in names if n != "sdpa"]
+    where = env.get("gpu", f"{env['processor'] or env['machine']}, {env['torch_threads']} threads")
     lines = [
-        f"Attention forward+backward, float32, causal, B={a['batch']}, H={a['heads']}, "
-        f"s={a['stride']}, medians of {a['repeats']} alternating calls "
-        f"(torch {result['environment']['torch']}, {result['environment']['torch_threads']} "
-        "threads). Ratios are to SDPA multi-head attention in the same run. MiB: peak bytes "
-        "of tensors allocated by operators during forward+backward, inputs excluded.",
+        f"Attention forward+backward, {a['dtype']}, causal, {a['device']} ({where}), "
+        f"B={a['batch']}, H={a['heads']}, s={a['stride']}, medians of {a['repeats']} alternating "
+        f"calls (torch {env['torch']}). Time ratios are to SDPA multi-head attention in the same "
+        "run; MiB is peak memory during forward+backward, inputs excluded, with its ratio to "
+        f"SDPA. impl='auto' picks {result['auto_picks']} here.",
         "",
-        "| T | d | L | SDPA ms | HKT fast ms | fast / SDPA | fused / SDPA | HKT ref ms "
-        "| ref / SDPA "
-        "| SDPA MiB | fast MiB (/ SDPA) | fused MiB (/ SDPA) | ref MiB (/ SDPA) "
-        "| paper FLOP ratio | fast FLOP ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| T | d | L | SDPA ms | "
+        + " | ".join(f"{PATH_LABELS[n]} / SDPA" for n in hkt)
+        + " | SDPA MiB | "
+        + " | ".join(f"{PATH_LABELS[n]} MiB" for n in hkt)
+        + " | paper FLOP ratio | fused FLOP floor | fast FLOP ratio |",
+        "|" + "---:|" * (5 + 2 * len(hkt) + 3),
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['T']} | {r['d']} | {r['L']} | {r['sdpa_ms']:.1f} | {r['hkt_fast_ms']:.1f} "
-            f"| **{r['hkt_fast_ratio']:.2f}x** | {r['hkt_fused_ratio']:.2f}x "
-            f"| {_fmt(r, 'hkt_ref_ms', '.1f')} "
-            f"| {_fmt(r, 'hkt_ref_ratio', '.2f')} | {_fmt(r, 'sdpa_peak_mib', '.1f')} "
-            f"| {_mem(r, 'hkt_fast')} | {_mem(r, 'hkt_fused')} | {_mem(r, 'hkt_ref')} "
-            f"| {r['paper_flop_ratio']:.3f} | {r['fast_flop_ratio']:.1f} |"
+            f"| {r['T']} | {r['d']} | {r['L']} | {r['sdpa_ms']:.1f} | "
+            + " | ".join(
+                _fmt(r, f"{n}_ratio", ".2f") + ("x" if f"{n}_ratio" in r else "") for n in hkt
+            )  # fmt: skip
+            + f" | {_fmt(r, 'sdpa_peak_mib', '.1f')} | "
+            + " | ".join(_mem(r, n) for n in hkt)
+            + f" | {r['paper_flop_ratio']:.3f} | {r['fused_flop_ratio']:.3f} "
+            f"| {r['fast_flop_ratio']:.1f} |"
         )
     target = [r for r in result["rows"] if r["T"] == 4096 and r["L"] == 3]
     if target:
         lines.append("")
         for r in target:
-            best = min(("fast", "fused"), key=lambda n: r[f"hkt_{n}_ratio"])
-            ratio = r[f"hkt_{best}_ratio"]
+            exact = [n for n in hkt if n != "hkt_ref" and f"{n}_ratio" in r]
+            best = min(exact, key=lambda n: r[f"{n}_ratio"])
+            ratio = r[f"{best}_ratio"]
             verdict = "meets" if ratio <= TARGET_RATIO else "misses"
             lines.append(
                 f"Target HKT <= {TARGET_RATIO}x SDPA at T=4096, L=3, d={r['d']}: best path "
-                f"({best}) {ratio:.2f}x ({verdict} it)."
+                f"({PATH_LABELS[best]}) {ratio:.2f}x ({verdict} it)."
             )
     return "\n".join(lines)
 
@@ -232,23 +318,20 @@ def plot(result: dict, path: Path) -> None:
     rows = result["rows"]
     dims = sorted({r["d"] for r in rows})
     fig, axes = plt.subplots(1, len(dims), figsize=(5 * len(dims), 4), squeeze=False)
+    styles = {"hkt_fast": "o-", "hkt_fused_cpp": "s-", "hkt_fused_triton": "s-",
+              "hkt_fused_torch": "^:", "hkt_ref": "x:"}  # fmt: skip
     for ax, d in zip(axes[0], dims):
         for L in sorted({r["L"] for r in rows}):
             sel = sorted((r for r in rows if r["d"] == d and r["L"] == L), key=lambda r: r["T"])
-            ax.plot(
-                [r["T"] for r in sel],
-                [r["hkt_fast_ratio"] for r in sel],
-                "o-",
-                label=f"HKT fast, L={L}",
-            )
-            ref = [r for r in sel if "hkt_ref_ratio" in r]
-            if ref and L > 1:
-                ax.plot(
-                    [r["T"] for r in ref],
-                    [r["hkt_ref_ratio"] for r in ref],
-                    "x:",
-                    label=f"HKT reference, L={L}",
-                )
+            for name, style in styles.items():
+                pts = [r for r in sel if f"{name}_ratio" in r]
+                if pts and not (name == "hkt_ref" and L == 1):
+                    ax.plot(
+                        [r["T"] for r in pts],
+                        [r[f"{name}_ratio"] for r in pts],
+                        style,
+                        label=f"HKT {PATH_LABELS[name]}, L={L}",
+                    )
         ax.axhline(1.0, color="k", lw=0.8, label="SDPA MHA")
         ax.axhline(TARGET_RATIO, color="r", ls="--", lw=0.8, label=f"target {TARGET_RATIO}x")
         ax.set(

@@ -46,5 +46,14 @@ def test_tiny_benchmark_writes_outputs(tmp_path, capsys):
     assert "hkt_ref_ms" in rows[0] and "hkt_ref_ms" not in rows[2]  # reference capped at T=64
     # The materialised reference allocates more than the O(T) fast path.
     assert rows[1]["hkt_ref_peak_mib"] > rows[1]["hkt_fast_peak_mib"]
+    # Every exact O(T) path is a column; the tile loop and the reference are capped by T.
+    from structattn.hkt.cpu_kernel import cpu_kernel
+
+    if cpu_kernel() is not None:
+        assert all("hkt_fused_cpp_ratio" in r for r in rows)
+        assert data["auto_picks"] == "fused_cpp"
+        assert "fused C++ / SDPA" in out
+    assert all("hkt_fused_torch_ms" in r for r in rows)
+    assert rows[1]["hkt_ref_peak_mib"] > rows[1].get("hkt_fused_cpp_peak_mib", 0.0)
     assert (tmp_path / "attention.png").stat().st_size > 0
     assert (tmp_path / "attention.md").read_text().startswith("Attention forward+backward")
