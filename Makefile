@@ -27,7 +27,7 @@ test: $(STAMP)  ## the default test suite (minutes on 2 cores; `slow` tests excl
 test-slow: $(STAMP)  ## the long checks only
 	$(PY) -m pytest -m slow || test $$? -eq 5
 
-bench: $(STAMP)  ## the full attention benchmark (T up to 16k)
+bench: $(STAMP)  ## the attention benchmark: T 1k/4k/16k, d 32/64, L 2/3 (about 15 min)
 	$(PY) benchmarks/attention.py --preset full
 
 reproduce: data  ## the main job: HKT vs MHA on the three tasks (quick preset), table + plots

@@ -8,7 +8,9 @@ each tile from the saved log-sum-exp (a custom ``torch.autograd.Function``): the
 coarse score is the block sum of the fine score gradient. Memory is O(T) plus one tile.
 
 Shapes as in :mod:`structattn.hkt.functional`. Tiles are multiples of ``s^(L-1)`` so coarse
-blocks never straddle a tile boundary.
+blocks never straddle a tile boundary. This readable tile loop (``impl="fused_torch"``, batched
+over B and H) is the specification of the compiled kernels: ``csrc/hkt_cpu.cpp``
+(``impl="fused_cpp"``) and ``_triton_hkt.py`` (``impl="fused_triton"``).
 """
 
 from __future__ import annotations
@@ -177,9 +179,9 @@ class _FusedHKT(torch.autograd.Function):
 def fused_hkt_attention(
     q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p, tile: int = DEFAULT_TILE
 ):
-    """Registered as ``impl="fused"``; same contract as the other implementations."""
+    """Registered as ``impl="fused_torch"``; same contract as the other implementations."""
     if dropout_p > 0:
-        raise ValueError("impl='fused' does not implement attention dropout; use impl='fast'")
+        raise ValueError("impl='fused_torch' does not implement attention dropout; use impl='fast'")
     T = v.shape[-2]
     tile = _tile_size(T, len(q), stride, tile)
     key_mask = None
