@@ -180,8 +180,11 @@ needs_triton = pytest.mark.skipif(
 
 
 @pytest.fixture
-def interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def interpreter():
+    """Triton's interpreter, switched on for the session by conftest.py (it has to be on before
+    triton is first imported)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("Triton interpreter tests run on CPU-only sessions (see conftest.py)")
 
 
 TRITON_CASES = [  # (T, L, s, causal, padded, dtype)
@@ -234,7 +237,7 @@ def test_triton_causality_by_perturbation(interpreter):
 
 
 @needs_triton
-def test_triton_refuses_what_it_does_not_support(monkeypatch):
+def test_triton_refuses_what_it_does_not_support(interpreter, monkeypatch):
     q, k, v, theta, _ = make_inputs(12, 2, 3)
     lam = torch.softmax(theta, -1)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
