@@ -54,7 +54,7 @@ def test_fast_layer_matches_reference_layer(T, causal):
     stride=st.integers(2, 3),
     kernel=st.integers(1, 5),
     hybrid=st.booleans(),
-    impl=st.sampled_from(["fast", "reference"]),
+    impl=st.sampled_from(["fast", "auto", "reference"]),
     data=st.data(),
 )
 def test_layer_causality_by_perturbation(T, n_levels, stride, kernel, hybrid, impl, data):
@@ -94,7 +94,7 @@ def test_padding_never_changes_real_positions(causal):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "auto", "reference"])
 def test_one_level_without_conv_is_multihead_attention(impl, causal):
     """Prop. 3.4: L = 1, beta = 1 equals torch's nn.MultiheadAttention with the same weights."""
     layer = make_layer(n_levels=1, hybrid=False, impl=impl, causal=causal)

@@ -39,7 +39,7 @@ class HKTConfig:
     stride: int = 2  # length ratio s >= 2 between consecutive levels
     causal: bool = True  # causal (decoder) or bidirectional (encoder) attention
     hybrid: bool = True  # Y = beta*attention + (1-beta)*causal conv; False: attention only
-    impl: str = "fast"  # any key of ATTENTION_IMPLS: "fast", "auto", "fused", "reference", ...
+    impl: str = "auto"  # any key of ATTENTION_IMPLS: "auto" (fastest exact path), "fast", ...
     downsample_kernel: int = 3  # kernel of the causal depthwise conv between levels
     conv_kernel: int = 3  # kernel of the hybrid head's causal depthwise conv over V
     beta_init: float = 0.9  # initial beta of the hybrid head (fraction of attention)

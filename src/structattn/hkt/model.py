@@ -55,7 +55,7 @@ class ModelConfig:
     downsample_kernel: int = 3  # HKT: kernel of the causal downsampling conv
     conv_kernel: int = 3  # HKT: kernel of the hybrid head's causal conv
     beta_init: float = 0.9  # HKT: initial attention share beta
-    impl: str = "fast"  # HKT attention path: "fast", "auto" (fastest on the device), "fused", ...
+    impl: str = "auto"  # HKT attention path: "auto" (fastest exact path), "fast", "fused", ...
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
