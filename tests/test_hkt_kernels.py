@@ -112,6 +112,25 @@ def test_cpp_rejects_dropout_and_other_devices():
         ck.cpp_hkt_attention(meta, meta, v.to("meta"), lam, 2, True, None, 0.5, 0.0)
 
 
+def test_cpp_kernel_checks_shapes_itself():
+    """The kernel indexes raw pointers: wrong shapes must raise, also when called directly."""
+    require("fused_cpp")
+    q, k, v, theta, _ = make_inputs(20, 3, 2)
+    lam = torch.softmax(theta, -1)
+    mod = ck.cpu_kernel()
+    args = (None, True, 2, 0.5, 4, 4)
+    mod.forward(q, k, v, lam, *args)  # the valid call
+    bad_q = [q[0], q[1], q[2][:, :, :-1].contiguous()]
+    with pytest.raises(RuntimeError, match=r"level 2 queries and keys must have shape"):
+        mod.forward(bad_q, k, v, lam, *args)
+    with pytest.raises(RuntimeError, match=r"lam must be \(H, L\)"):
+        mod.forward(q, k, v, lam[:1], *args)
+    with pytest.raises(RuntimeError, match="key_mask must be"):
+        mod.forward(q, k, v, lam, torch.ones(2, 19, dtype=torch.bool), *args[1:])
+    with pytest.raises(RuntimeError, match="tiles must be positive multiples"):
+        mod.forward(q, k, v, lam, None, True, 2, 0.5, 6, 4)
+
+
 def test_import_never_builds_the_kernel():
     code = (
         "import sys, structattn, structattn.hkt, structattn.hkt.functional; "

@@ -273,43 +273,49 @@ struct Geom {
   int64_t cn(int64_t l, int64_t a0, int64_t a1) const { return (a1 - 1) / f[l] + 1 - a0 / f[l]; }
 };
 
-Geom make_geom(const std::vector<at::Tensor>& q, const at::Tensor& v, int64_t stride, bool causal,
+// Checks every shape against (B, H, T, d) and T_l = ceil(T_{l-1} / s): the kernel indexes raw
+// pointers, so a wrong shape must be an error, never an out-of-bounds read.
+Geom make_geom(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& k,
+               const at::Tensor& v, const at::Tensor& lam, int64_t stride, bool causal,
                double scale, int64_t tile_q, int64_t tile_k) {
+  TORCH_CHECK(!q.empty() && q.size() == k.size(), "q and k need the same number of levels");
+  TORCH_CHECK(v.dim() == 4 && v.is_contiguous() && v.device().is_cpu(),
+              "v must be a contiguous CPU tensor (B, H, T, dv)");
+  TORCH_CHECK(stride >= 2, "stride must be >= 2");
   Geom g;
   g.B = v.size(0);
   g.H = v.size(1);
   g.T = v.size(2);
   g.dv = v.size(3);
-  g.d = q[0].size(3);
+  g.d = q[0].dim() == 4 ? q[0].size(3) : 0;
   g.L = static_cast<int64_t>(q.size());
   g.s = stride;
   g.causal = causal;
   g.scale = scale;
-  int64_t f = 1;
+  int64_t f = 1, Tl = g.T;
   for (int64_t l = 0; l < g.L; ++l) {
-    g.Tl.push_back(q[l].size(2));
+    for (const at::Tensor* x : {&q[l], &k[l]}) {
+      TORCH_CHECK(x->dim() == 4 && x->size(0) == g.B && x->size(1) == g.H && x->size(2) == Tl &&
+                      x->size(3) == g.d,
+                  "level ", l, " queries and keys must have shape (B, H, T_l, d) = (", g.B, ", ",
+                  g.H, ", ", Tl, ", ", g.d, "), got ", x->sizes());
+      TORCH_CHECK(x->is_contiguous() && x->scalar_type() == v.scalar_type(),
+                  "q and k must be contiguous and of v's dtype");
+    }
+    g.Tl.push_back(Tl);
     g.f.push_back(f);
     f *= stride;
+    Tl = (Tl + stride - 1) / stride;
   }
+  TORCH_CHECK(lam.dim() == 2 && lam.size(0) == g.H && lam.size(1) == g.L &&
+                  lam.scalar_type() == v.scalar_type(),
+              "lam must be (H, L) in v's dtype");
   const int64_t block = g.f[g.L - 1];
-  TORCH_CHECK(tile_q % block == 0 && tile_k % block == 0,
-              "tiles must be multiples of stride^(L-1) = ", block);
+  TORCH_CHECK(tile_q > 0 && tile_k > 0 && tile_q % block == 0 && tile_k % block == 0,
+              "tiles must be positive multiples of stride^(L-1) = ", block);
   g.tile_q = tile_q;
   g.tile_k = tile_k;
   return g;
-}
-
-void check_inputs(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& k,
-                  const at::Tensor& v, const at::Tensor& lam) {
-  TORCH_CHECK(!q.empty() && q.size() == k.size(), "q and k need the same number of levels");
-  TORCH_CHECK(v.dim() == 4 && v.is_contiguous() && v.device().is_cpu(), "v: contiguous CPU (B,H,T,dv)");
-  for (size_t l = 0; l < q.size(); ++l) {
-    TORCH_CHECK(q[l].is_contiguous() && k[l].is_contiguous(), "q and k must be contiguous");
-    TORCH_CHECK(q[l].scalar_type() == v.scalar_type() && k[l].scalar_type() == v.scalar_type(),
-                "q, k and v must share one dtype");
-  }
-  TORCH_CHECK(lam.dim() == 2 && lam.size(1) == static_cast<int64_t>(q.size()),
-              "lam must be (H, L)");
 }
 
 // Per work item: the coarse scores C_l (scale included, lam excluded) of a tile and the folded
@@ -396,7 +402,7 @@ void run_dynamic(const std::vector<int64_t>& order, const Fn& fn) {
   });
 }
 
-// ---- forward --------------------------------------------------------------------------------------
+// ---- forward -----------------------------------------------------------------------------
 
 template <typename T>
 void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
@@ -477,7 +483,7 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
   });
 }
 
-// ---- backward -------------------------------------------------------------------------------------
+// ---- backward ----------------------------------------------------------------------------
 
 // dst (nr_dst x nc_dst) = sums of src (nr x nc) over s x s blocks (ragged at the far edges):
 // the rows of a block are added first (vectorised), then the column groups once per block.
@@ -614,8 +620,7 @@ std::vector<at::Tensor> hkt_forward(std::vector<at::Tensor> q, std::vector<at::T
                                     std::optional<at::Tensor> key_mask, bool causal,
                                     int64_t stride, double scale, int64_t tile_q,
                                     int64_t tile_k) {
-  check_inputs(q, k, v, lam);
-  const Geom g = make_geom(q, v, stride, causal, scale, tile_q, tile_k);
+  const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
   const bool* km = mask_ptr(key_mask, g);
   at::Tensor out = at::empty_like(v);
   at::Tensor lse = at::empty({g.B, g.H, g.T}, v.options());
@@ -631,10 +636,14 @@ std::vector<at::Tensor> hkt_backward(std::vector<at::Tensor> q, std::vector<at::
                                      int64_t stride, double scale, int64_t tile_q,
                                      int64_t tile_k, at::Tensor out, at::Tensor lse,
                                      at::Tensor dout) {
-  check_inputs(q, k, v, lam);
-  TORCH_CHECK(out.is_contiguous() && dout.is_contiguous() && lse.is_contiguous(),
-              "out, lse and dout must be contiguous");
-  const Geom g = make_geom(q, v, stride, causal, scale, tile_q, tile_k);
+  const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
+  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && out.is_contiguous() &&
+                  dout.is_contiguous() && out.scalar_type() == v.scalar_type() &&
+                  dout.scalar_type() == v.scalar_type(),
+              "out and dout must be contiguous, of v's shape and dtype");
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.B && lse.size(1) == g.H && lse.size(2) == g.T &&
+                  lse.is_contiguous() && lse.scalar_type() == v.scalar_type(),
+              "lse must be a contiguous (B, H, T) tensor of v's dtype");
   const bool* km = mask_ptr(key_mask, g);
   std::vector<at::Tensor> dq, dk;
   for (int64_t l = 0; l < g.L; ++l) {
