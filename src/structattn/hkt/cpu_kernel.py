@@ -22,6 +22,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from .fused import attendable_keys, round_tile
+
 __all__ = ["cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
 
 _SOURCE = Path(__file__).parent / "csrc" / "hkt_cpu.cpp"
@@ -109,11 +111,6 @@ class _CppHKT(torch.autograd.Function):
         return (dlam, dv, None, None, None, None, None, None, *dq, *dk)
 
 
-def _tiles(n_levels: int, stride: int, tile_q: int, tile_k: int) -> tuple[int, int]:
-    block = stride ** (n_levels - 1)
-    return tuple(max(block, (t + block - 1) // block * block) for t in (tile_q, tile_k))
-
-
 def cpp_hkt_attention(
     q,
     k,
@@ -142,11 +139,8 @@ def cpp_hkt_attention(
         raise RuntimeError(f"the C++ HKT kernel is unavailable: {cpu_kernel_error()}")
     dtype = v.dtype
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-    tq, tk = _tiles(len(q), stride, tile_q, tile_k)
-    key_mask = None
-    if key_padding_mask is not None:
-        # sequences with no real token attend anywhere (finite); their outputs are zeroed
-        key_mask = (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
+    tq, tk = (round_tile(t, len(q), stride) for t in (tile_q, tile_k))
+    key_mask = attendable_keys(key_padding_mask)
     qk = [x.to(work).contiguous() for x in (*q, *k)]
     out = _CppHKT.apply(
         lam.to(work), v.to(work).contiguous(), key_mask, causal, stride, float(scale), tq, tk, *qk

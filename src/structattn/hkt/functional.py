@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cpu_kernel import cpp_hkt_attention, cpu_kernel
-from .fused import fused_hkt_attention
+from .fused import attendable_keys, fused_hkt_attention
 from .triton_kernel import triton_available, triton_hkt_attention
 
 __all__ = [
@@ -235,8 +235,7 @@ def masked_sdpa(
             # padding from them; padded query rows are discarded by the caller.
             pass
         else:
-            # Sequences with no real token attend anywhere (finite); their outputs are discarded.
-            keys = key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)
+            keys = attendable_keys(key_padding_mask)
             attn_mask = keys.view(B, 1, 1, T)  # broadcast over queries: O(T) memory
             if causal:
                 # A hole inside a sequence under a causal mask: the only case that needs a

@@ -30,9 +30,23 @@ def _acc_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _tile_size(T: int, n_levels: int, stride: int, tile: int) -> int:
+def round_tile(tile: int, n_levels: int, stride: int) -> int:
+    """``tile`` rounded up to a positive multiple of ``stride^(L-1)``, so that no coarse block
+    straddles two tiles (shared by the blockwise implementations)."""
     block = stride ** (n_levels - 1)
-    return max(block, (min(tile, T) + block - 1) // block * block)
+    return max(block, (tile + block - 1) // block * block)
+
+
+def attendable_keys(key_padding_mask: Tensor | None) -> Tensor | None:
+    """The keys a query may attend: the real ones, or every key of a sequence without a real
+    token (its softmax stays finite and its outputs are zeroed by the caller)."""
+    if key_padding_mask is None:
+        return None
+    return (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
+
+
+def _tile_size(T: int, n_levels: int, stride: int, tile: int) -> int:
+    return round_tile(min(tile, T), n_levels, stride)
 
 
 def _expand(coarse: Tensor, factor: int, rows: int, cols: int) -> Tensor:
@@ -184,8 +198,6 @@ def fused_hkt_attention(
         raise ValueError("impl='fused_torch' does not implement attention dropout; use impl='fast'")
     T = v.shape[-2]
     tile = _tile_size(T, len(q), stride, tile)
-    key_mask = None
-    if key_padding_mask is not None:
-        # sequences with no real token attend anywhere (finite); their outputs are zeroed
-        key_mask = key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)
-    return _FusedHKT.apply(lam, v, key_mask, causal, stride, scale, tile, *q, *k)
+    return _FusedHKT.apply(
+        lam, v, attendable_keys(key_padding_mask), causal, stride, scale, tile, *q, *k
+    )

@@ -15,6 +15,8 @@ import os
 import torch
 from torch import Tensor
 
+from .fused import attendable_keys
+
 __all__ = ["triton_available", "triton_hkt_attention", "triton_supports"]
 
 MAX_LEVELS = 4
@@ -184,10 +186,7 @@ def triton_hkt_attention(
         )
     block = _tiles(L, stride, interpret, block)
     dtype = v.dtype
-    key_mask = None
-    if key_padding_mask is not None:
-        # sequences with no real token attend anywhere (finite); their outputs are zeroed
-        key_mask = (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
+    key_mask = attendable_keys(key_padding_mask)
     qk = [x.contiguous() for x in (*q, *k)]
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     return _TritonHKT.apply(
