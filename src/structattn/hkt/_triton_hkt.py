@@ -71,6 +71,12 @@ def _coarse(
 
 
 @triton.jit
+def _level_ptrs(bh, T, T1, T2, T3, D, p0, p1, p2, p3):
+    """Pointers to head ``bh`` of four per-level (B*H, T_l, D) tensors."""
+    return p0 + bh * T * D, p1 + bh * T1 * D, p2 + bh * T2 * D, p3 + bh * T3 * D
+
+
+@triton.jit
 def _scores(i0, j0, q0, k0, q1, k1, q2, k2, q3, k3, T, T1, T2, T3, lam, D, scale,
             L: tl.constexpr, S: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
             BD: tl.constexpr, CM1: tl.constexpr, CN1: tl.constexpr, CM2: tl.constexpr,
@@ -124,14 +130,8 @@ def hkt_fwd_kernel(q0, k0, q1, k1, q2, k2, q3, k3, v, lam, km, out, lse,
     i0 = tl.program_id(0) * BM
     bh = tl.program_id(1).to(tl.int64)
     h = bh % H
-    q0 += bh * T * D
-    k0 += bh * T * D
-    q1 += bh * T1 * D
-    k1 += bh * T1 * D
-    q2 += bh * T2 * D
-    k2 += bh * T2 * D
-    q3 += bh * T3 * D
-    k3 += bh * T3 * D
+    q0, q1, q2, q3 = _level_ptrs(bh, T, T1, T2, T3, D, q0, q1, q2, q3)
+    k0, k1, k2, k3 = _level_ptrs(bh, T, T1, T2, T3, D, k0, k1, k2, k3)
     v += bh * T * DV
     out += bh * T * DV
     lse += bh * T
@@ -179,18 +179,9 @@ def hkt_bwd_dkdv_kernel(q0, k0, q1, k1, q2, k2, q3, k3, v, lam, km, lse, delta, 
     j0 = pid * BN
     bh = tl.program_id(1).to(tl.int64)
     h = bh % H
-    q0 += bh * T * D
-    k0 += bh * T * D
-    dk0 += bh * T * D
-    q1 += bh * T1 * D
-    k1 += bh * T1 * D
-    dk1 += bh * T1 * D
-    q2 += bh * T2 * D
-    k2 += bh * T2 * D
-    dk2 += bh * T2 * D
-    q3 += bh * T3 * D
-    k3 += bh * T3 * D
-    dk3 += bh * T3 * D
+    q0, q1, q2, q3 = _level_ptrs(bh, T, T1, T2, T3, D, q0, q1, q2, q3)
+    k0, k1, k2, k3 = _level_ptrs(bh, T, T1, T2, T3, D, k0, k1, k2, k3)
+    dk0, dk1, dk2, dk3 = _level_ptrs(bh, T, T1, T2, T3, D, dk0, dk1, dk2, dk3)
     v += bh * T * DV
     dv += bh * T * DV
     dout += bh * T * DV
@@ -283,18 +274,9 @@ def hkt_bwd_dq_kernel(q0, k0, q1, k1, q2, k2, q3, k3, v, lam, km, lse, delta, do
     i0 = tl.program_id(0) * BM
     bh = tl.program_id(1).to(tl.int64)
     h = bh % H
-    q0 += bh * T * D
-    k0 += bh * T * D
-    dq0 += bh * T * D
-    q1 += bh * T1 * D
-    k1 += bh * T1 * D
-    dq1 += bh * T1 * D
-    q2 += bh * T2 * D
-    k2 += bh * T2 * D
-    dq2 += bh * T2 * D
-    q3 += bh * T3 * D
-    k3 += bh * T3 * D
-    dq3 += bh * T3 * D
+    q0, q1, q2, q3 = _level_ptrs(bh, T, T1, T2, T3, D, q0, q1, q2, q3)
+    k0, k1, k2, k3 = _level_ptrs(bh, T, T1, T2, T3, D, k0, k1, k2, k3)
+    dq0, dq1, dq2, dq3 = _level_ptrs(bh, T, T1, T2, T3, D, dq0, dq1, dq2, dq3)
     v += bh * T * DV
     dout += bh * T * DV
     lse += bh * T

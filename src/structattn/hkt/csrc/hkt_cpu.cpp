@@ -378,6 +378,14 @@ struct CoarseTile {
   }
 };
 
+// Pointers to head bh (of B*H) of each level's (B, H, T_l, d) tensor.
+template <typename T, typename Ptr = const T*>
+std::vector<Ptr> head_levels(const Geom& g, const std::vector<at::Tensor>& xs, int64_t bh) {
+  std::vector<Ptr> p(g.L);
+  for (int64_t l = 0; l < g.L; ++l) p[l] = xs[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+  return p;
+}
+
 // 0 for a real key, -inf for a padded one.
 template <typename T>
 void key_bias_of(const bool* km, int64_t j0, int64_t nj, T* out) {
@@ -424,11 +432,7 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     const int64_t bh = item / n_qt, t = item % n_qt;
     const int64_t b = bh / g.H, h = bh % g.H;
     const int64_t i0 = t * g.tile_q, i1 = std::min(i0 + g.tile_q, g.T), ni = i1 - i0;
-    std::vector<const T*> Q(g.L), K(g.L);
-    for (int64_t l = 0; l < g.L; ++l) {
-      Q[l] = q[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
-      K[l] = k[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
-    }
+    const auto Q = head_levels<T>(g, q, bh), K = head_levels<T>(g, k, bh);
     const T* V = v_p + bh * g.T * g.dv;
     const bool* kmb = km == nullptr ? nullptr : km + b * g.T;
     const T* lam_h = lam_p + h * g.L;
@@ -511,14 +515,8 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
 
   run_dynamic(order, [&](int64_t bh) {
     const int64_t b = bh / g.H, h = bh % g.H;
-    std::vector<const T*> Q(g.L), K(g.L);
-    std::vector<T*> dQ(g.L), dK(g.L);
-    for (int64_t l = 0; l < g.L; ++l) {
-      Q[l] = q[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
-      K[l] = k[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
-      dQ[l] = dq[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
-      dK[l] = dk[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
-    }
+    const auto Q = head_levels<T>(g, q, bh), K = head_levels<T>(g, k, bh);
+    const auto dQ = head_levels<T, T*>(g, dq, bh), dK = head_levels<T, T*>(g, dk, bh);
     const T* V = v.data_ptr<T>() + bh * g.T * g.dv;
     const T* O = out.data_ptr<T>() + bh * g.T * g.dv;
     const T* dO = dout.data_ptr<T>() + bh * g.T * g.dv;
