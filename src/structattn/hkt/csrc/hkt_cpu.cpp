@@ -318,15 +318,27 @@ Geom make_geom(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& 
   return g;
 }
 
-// Per work item: the coarse scores C_l (scale included, lam excluded) of a tile and the folded
-// level-1 bias G_1 = sum_{l>=1} lam_l expand(C_l) at level-1 resolution.
+// 0 for a real key, -inf for a padded one.
+template <typename T>
+void key_bias_of(const bool* km, int64_t j0, int64_t nj, T* out) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < nj; ++j) out[j] = (km == nullptr || km[j0 + j]) ? T(0) : ninf;
+}
+
+// Per work item, one (query tile, key tile) pair at a time: the fine scores, the coarse scores
+// C_l (scale included, lam excluded), the folded level-1 bias G_1 = sum_{l>=1} lam_l expand(C_l)
+// at level-1 resolution, and the fused bias of each fine row (coarse levels plus key padding).
+// Shared by the forward and the backward pass, which must see the same scores.
 template <typename T>
 struct CoarseTile {
   std::vector<std::vector<T>> C, G;
   std::vector<int64_t> rows, cols;
+  std::vector<T> bias, key_bias;  // (tile_k,): the current row's fused bias, the key padding
+  bool masked = false;
+  int64_t nj = 0;
 
   explicit CoarseTile(const Geom& g)
-      : C(g.L), G(g.L), rows(g.L), cols(g.L) {
+      : C(g.L), G(g.L), rows(g.L), cols(g.L), bias(g.tile_k), key_bias(g.tile_k) {
     for (int64_t l = 1; l < g.L; ++l) {
       const int64_t r = g.tile_q / g.f[l] + 1, c = g.tile_k / g.f[l] + 1;
       C[l].resize(r * c);
@@ -334,10 +346,30 @@ struct CoarseTile {
     }
   }
 
-  // keep_raw: also keep C_l (the backward pass needs it for the level-weight gradient).
-  void compute(const Geom& g, const std::vector<const T*>& Q, const std::vector<const T*>& K,
-               const T* lam_h, int64_t i0, int64_t i1, int64_t j0, int64_t j1, bool keep_raw,
-               T* rowbuf) {
+  // Loads the tile of queries i0:i1 and keys j0:j1: fine = scale * Q0 K0^T (row stride nj),
+  // the coarse levels and the key padding. keep_raw: also keep C_l (the backward pass needs it
+  // for the level-weight gradient).
+  void load(const Geom& g, const std::vector<const T*>& Q, const std::vector<const T*>& K,
+            const T* lam_h, const bool* km, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
+            bool keep_raw, T* fine) {
+    nj = j1 - j0;
+    mm<T>(false, true, i1 - i0, nj, g.d, static_cast<T>(g.scale), Q[0] + i0 * g.d, g.d,
+          K[0] + j0 * g.d, g.d, T(0), fine, nj);
+    fold_coarse(g, Q, K, lam_h, i0, i1, j0, j1, keep_raw, bias.data());
+    masked = km != nullptr;
+    key_bias_of(km, j0, nj, key_bias.data());
+  }
+
+  // The fused bias of fine row i of the loaded tile; rows are visited in order.
+  const T* row_bias(const Geom& g, int64_t i) {
+    if (g.L == 1 ? i == 0 : i % g.s == 0) expand_row(g, i / g.s);
+    return bias.data();
+  }
+
+ private:
+  void fold_coarse(const Geom& g, const std::vector<const T*>& Q, const std::vector<const T*>& K,
+                   const T* lam_h, int64_t i0, int64_t i1, int64_t j0, int64_t j1, bool keep_raw,
+                   T* rowbuf) {
     for (int64_t l = g.L - 1; l >= 1; --l) {
       const int64_t ci0 = g.c0(l, i0), cj0 = g.c0(l, j0);
       const int64_t nr = g.cn(l, i0, i1), nc = g.cn(l, j0, j1);
@@ -365,16 +397,15 @@ struct CoarseTile {
     }
   }
 
-  // e[j] = G_1[a, j / s] + key_bias[j], the fused bias of every fine row in level-1 row a.
-  void expand_row(const Geom& g, int64_t a, int64_t nj, const T* key_bias, bool masked,
-                  T* e) const {
+  // bias[j] = G_1[a, j / s] + key_bias[j], the fused bias of every fine row in level-1 row a.
+  void expand_row(const Geom& g, int64_t a) {
     if (g.L == 1) {
-      if (masked) std::copy(key_bias, key_bias + nj, e);
-      else std::fill(e, e + nj, T(0));
+      if (masked) std::copy(key_bias.begin(), key_bias.begin() + nj, bias.begin());
+      else std::fill(bias.begin(), bias.begin() + nj, T(0));
       return;
     }
-    expand_cols<T>(e, G[1].data() + a * cols[1], nj, g.s);
-    if (masked) add_to<T>(e, key_bias, nj);
+    expand_cols<T>(bias.data(), G[1].data() + a * cols[1], nj, g.s);
+    if (masked) add_to<T>(bias.data(), key_bias.data(), nj);
   }
 };
 
@@ -384,13 +415,6 @@ std::vector<Ptr> head_levels(const Geom& g, const std::vector<at::Tensor>& xs, i
   std::vector<Ptr> p(g.L);
   for (int64_t l = 0; l < g.L; ++l) p[l] = xs[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
   return p;
-}
-
-// 0 for a real key, -inf for a padded one.
-template <typename T>
-void key_bias_of(const bool* km, int64_t j0, int64_t nj, T* out) {
-  const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < nj; ++j) out[j] = (km == nullptr || km[j0 + j]) ? T(0) : ninf;
 }
 
 // Number of admissible columns of fine row i (absolute) in the key tile starting at j0.
@@ -438,22 +462,18 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     const T* lam_h = lam_p + h * g.L;
 
     CoarseTile<T> ct(g);
-    std::vector<T> S(g.tile_q * g.tile_k), E(g.tile_k), kb(g.tile_k);
+    std::vector<T> S(g.tile_q * g.tile_k);
     std::vector<T> m(ni, -inf), den(ni, T(0)), acc(ni * g.dv, T(0));
 
     const int64_t jend = g.causal ? i1 : g.T;
     for (int64_t j0 = 0; j0 < jend; j0 += g.tile_k) {
       const int64_t j1 = std::min(j0 + g.tile_k, g.T), nj = j1 - j0;
-      mm<T>(false, true, ni, nj, g.d, static_cast<T>(g.scale), Q[0] + i0 * g.d, g.d,
-            K[0] + j0 * g.d, g.d, T(0), S.data(), nj);
-      ct.compute(g, Q, K, lam_h, i0, i1, j0, j1, false, E.data());
-      key_bias_of(kmb, j0, nj, kb.data());
+      ct.load(g, Q, K, lam_h, kmb, i0, i1, j0, j1, false, S.data());
       for (int64_t i = 0; i < ni; ++i) {
-        if (g.L == 1 ? i == 0 : i % g.s == 0)
-          ct.expand_row(g, i / g.s, nj, kb.data(), kmb != nullptr, E.data());
+        const T* e = ct.row_bias(g, i);
         T* row = S.data() + i * nj;
         const int64_t lim = row_limit(g, i0 + i, j0, nj);
-        const T rmax = axpy_max<T>(row, E.data(), lim, lam_h[0]);
+        const T rmax = axpy_max<T>(row, e, lim, lam_h[0]);
         const T m_new = std::max(m[i], rmax);
         if (m_new == -inf) {  // nothing admissible yet in this row
           std::fill(row, row + nj, T(0));
@@ -537,7 +557,7 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     std::vector<std::vector<T>> D(g.L);
     for (int64_t l = 1; l < g.L; ++l) D[l].resize(ct.C[l].size());
     std::vector<T> F(g.tile_q * g.tile_k), P(g.tile_q * g.tile_k), dS(g.tile_q * g.tile_k);
-    std::vector<T> E(g.tile_k), kb(g.tile_k);
+    std::vector<T> rowbuf(g.tile_k);
     std::vector<double> dlam_acc(g.L, 0.0);
 
     for (int64_t i0 = 0; i0 < g.T; i0 += g.tile_q) {
@@ -546,16 +566,12 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
       for (int64_t j0 = 0; j0 < jend; j0 += g.tile_k) {
         const int64_t j1 = std::min(j0 + g.tile_k, g.T), nj = j1 - j0;
         // recompute the probabilities of the tile from the saved log-sum-exp
-        mm<T>(false, true, ni, nj, g.d, static_cast<T>(g.scale), Q[0] + i0 * g.d, g.d,
-              K[0] + j0 * g.d, g.d, T(0), F.data(), nj);
-        ct.compute(g, Q, K, lam_h, i0, i1, j0, j1, true, E.data());
-        key_bias_of(kmb, j0, nj, kb.data());
+        ct.load(g, Q, K, lam_h, kmb, i0, i1, j0, j1, true, F.data());
         for (int64_t i = 0; i < ni; ++i) {
-          if (g.L == 1 ? i == 0 : i % g.s == 0)
-          ct.expand_row(g, i / g.s, nj, kb.data(), kmb != nullptr, E.data());
+          const T* e = ct.row_bias(g, i);
           const int64_t lim = row_limit(g, i0 + i, j0, nj);
           T* p = P.data() + i * nj;
-          exp_affine<T>(p, F.data() + i * nj, E.data(), lim, lam0, LSE[i0 + i]);
+          exp_affine<T>(p, F.data() + i * nj, e, lim, lam0, LSE[i0 + i]);
           std::fill(p + lim, p + nj, T(0));
         }
         // dV += P^T dO;  dP = dO V^T
@@ -579,10 +595,10 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
         for (int64_t l = 1; l < g.L; ++l) {
           const int64_t nr = ct.rows[l], nc = ct.cols[l];
           if (l == 1) {
-            block_sum<T>(dS.data(), ni, nj, g.s, D[1].data(), nc, nr, E.data());
+            block_sum<T>(dS.data(), ni, nj, g.s, D[1].data(), nc, nr, rowbuf.data());
           } else {
             block_sum<T>(D[l - 1].data(), ct.rows[l - 1], ct.cols[l - 1], g.s, D[l].data(), nc,
-                         nr, E.data());
+                         nr, rowbuf.data());
           }
           double dl = 0.0;
           const T* Dl = D[l].data();
