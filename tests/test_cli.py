@@ -46,14 +46,49 @@ def test_glfusion_cli_rejects_unknown_preset_and_subcommand():
 
 
 def test_glfusion_config_file_parses():
-    import yaml
 
-    from structattn.glfusion.train import GLFusionTrainConfig
-    from structattn.train.config import find_config
+    from structattn.train.glfusion import load_glfusion
 
-    doc = yaml.safe_load(find_config("glfusion").read_text())
-    quick, paper = (GLFusionTrainConfig(**doc[k]) for k in ("quick", "paper"))
+    quick, paper = (load_glfusion("glfusion", k) for k in ("quick", "paper"))
     assert quick.dataset == "wordnet" and paper.dataset == "arxiv"
-    assert paper.lora_r == 64 and paper.lr == 3e-5
+    assert paper.lora_r == 64 and paper.optim.lr == 3e-5 and paper.optim.weight_decay == 0.0
+    assert quick.train.max_steps == 120 and quick.optim.beta2 == 0.999
     assert paper.message_passing_layers == list(range(0, 32, 4))
     assert paper.cross_attention_layers == list(range(3, 32, 4))
+
+
+def test_help_lists_every_command():
+    proc = subprocess.run(
+        [sys.executable, "-m", "structattn.cli", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    for name in ("train", "glfusion", "eval", "reproduce", "diagnose", "data", "params", "cost"):
+        assert f"  {name} " in proc.stdout, name
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--config", "listops-hkt", "--preset", "huge"], "no preset 'huge'"),
+        (["train", "--config", "nope"], "config 'nope' not found"),
+        (["train", "--config", "listops-hkt", "--train.max-steps", "0"], "max_steps must be >= 1"),
+        (["bogus"], "unknown command 'bogus'"),
+    ],
+)
+def test_bad_input_is_one_line(argv, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "structattn.cli", *argv], capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_internal_errors_keep_their_traceback(monkeypatch):
+    import structattn.train.hkt as hkt
+
+    def broken(cfg, data=None, progress=True):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(hkt, "train", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["train", "--config", "listops-hkt", "--train.max-steps", "1"])

@@ -370,3 +370,56 @@ def test_graph_tokens_are_added_to_a_tokenizer_and_the_embeddings_resized(tmp_pa
     assert model.base.get_input_embeddings().weight.shape[0] == len(tokenizer) == before + 3
     encoded = tokenizer("w1 <graph_start> <node> <node> <graph_end> w2")["input_ids"]
     assert encoded.count(c.node_id) == 2 and c.graph_start_id in encoded
+
+
+class _CallCheckpoint(torch.nn.Module):
+    """Checkpoints a whole layer call, hooks included (what transformers 4.x did)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.layer, *args, use_reentrant=False, **kwargs)
+
+
+def _grads(model):
+    ids, mask = prompts(model)
+    labels = ids.masked_fill(mask == 0, -100)
+    out = model(ids, mask, graph_for(), labels=labels, node_labels=torch.tensor([0, 1, 2, 0, 1]))
+    out.loss.backward()
+    return {  # names without the test wrapper's ".layer"
+        n.replace(".layer.", "."): p.grad.clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+@pytest.mark.parametrize("how", ["transformers", "whole_layer_call"])
+def test_gradient_checkpointing_gives_the_same_gradients(how):
+    """Recomputed layers must run message passing and cross-attention again, with the graph."""
+    plain = tiny_model()
+    open_gates(plain)
+    plain.train()
+    reference = _grads(plain)
+    ckpt = copy.deepcopy(plain)
+    recomputed = []
+    if how == "transformers":
+        ckpt.gradient_checkpointing_enable()
+        assert ckpt.base.model.layers[0].gradient_checkpointing
+    else:
+        ckpt.base.config.use_cache = False  # a replayed layer must not append to a KV cache
+        layers = ckpt.base.model.layers
+        for i, layer in enumerate(layers):
+            layers[i] = _CallCheckpoint(layer)
+    for layer in (m for m in ckpt.modules() if type(m).__name__ == "NodeMessagePassing"):
+        layer.register_forward_hook(lambda *a: recomputed.append(1))
+    grads = _grads(ckpt)
+    if how == "whole_layer_call":  # message passing ran in the forward and again in backward
+        assert len(recomputed) == 2 * len(ckpt.config.message_passing_layers)
+    assert reference.keys() == grads.keys()
+    assert any(k.startswith("glf_message_passing") for k in grads)
+    for name in reference:
+        torch.testing.assert_close(grads[name], reference[name], rtol=1e-10, atol=1e-12, msg=name)

@@ -10,7 +10,7 @@ from helpers import tiny_llama, word_tokenizer
 from transformers import BertConfig, BertModel, BertTokenizer
 
 from structattn.data.graphs import WORDNET_NOUN_CLASSES
-from structattn.glfusion.train import GLFusionTrainConfig, train_glfusion
+from structattn.train.glfusion import build_glfusion_config, train_glfusion
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
@@ -55,33 +55,38 @@ def _tiny_models(tmp_path):
 def test_tiny_glfusion_train_and_eval(tmp_path):
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     llm, encoder = _tiny_models(tmp_path)
-    cfg = GLFusionTrainConfig(
-        dataset="wordnet",
-        data_dir=tmp_path / "data",
-        max_train=12,
-        max_val=6,
-        max_test=6,
-        max_nodes=4,
-        text_tokens=8,
-        lora_r=2,
-        lora_alpha=4,
-        max_steps=6,
-        batch_size=3,
-        eval_every=3,
-        eval_batch_size=6,
-        baseline_epochs=20,
-        run_dir=tmp_path / "run",
+    cfg = build_glfusion_config(
+        dict(
+            dataset="wordnet",
+            data_dir=tmp_path / "data",
+            max_train=12,
+            max_val=6,
+            max_test=6,
+            max_nodes=4,
+            text_tokens=8,
+            lora_r=2,
+            lora_alpha=4,
+            eval_batch_size=6,
+            baseline_epochs=20,
+            run_dir=tmp_path / "run",
+            train={"max_steps": 6, "batch_size": 3, "eval_every": 3},
+        )
     )
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
     for split in ("val", "test"):
-        for head in ("gnn", "lm", "ensemble"):
-            assert 0.0 <= results["heads"][split][head] <= 1.0
+        for head in ("gnn", "lm", "ensemble"):  # a count of correct targets out of 6
+            hits = results["heads"][split][head] * 6
+            assert abs(hits - round(hits)) < 1e-9, (split, head, hits)
     assert set(results["baselines"]) == {"mlp", "graphsage"}
     assert results["stand_in"] and results["targets"] == {"train": 12, "val": 6, "test": 6}
     run = tmp_path / "run"
     table = (run / "results.md").read_text()
     assert "78.20" in table and "GraphSAGE" in table and "(stand-in)" in table
-    assert json.loads((run / "results.json").read_text())["best_step"] in (3, 6)
+    val_rows = [r.split(",") for r in (run / "metrics.csv").read_text().splitlines()[1:]]
+    val = [(int(r[0]), float(r[3])) for r in val_rows if r[1] == "val"]
+    assert [step for step, _ in val] == [3, 6]
+    best = max(val, key=lambda sv: sv[1])[0]  # the first step with the best accuracy
+    assert json.loads((run / "results.json").read_text())["best_step"] == best
     assert (run / "best" / "adapter" / "adapter_model.safetensors").is_file()
     assert any((run / "checkpoints").glob("step-*/model.safetensors"))
     rows = (run / "metrics.csv").read_text().splitlines()
@@ -103,18 +108,15 @@ def test_glfusion_resume_is_exact(tmp_path):
         text_tokens=8,
         lora_r=2,
         lora_alpha=4,
-        max_steps=6,
-        batch_size=3,
-        eval_every=2,
         eval_batch_size=4,
         baseline_epochs=5,
     )
+    budget = {"max_steps": 6, "batch_size": 3, "eval_every": 2}
 
-    def run(**kw):
+    def run(stop_at=None, **kw):
         llm, encoder = _tiny_models(tmp_path)
-        return train_glfusion(
-            GLFusionTrainConfig(**common, **kw), progress=False, llm=llm, encoder=encoder
-        )
+        cfg = build_glfusion_config({**common, **kw, "train": {**budget, "stop_at": stop_at}})
+        return train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
 
     straight = run(run_dir=tmp_path / "a")
     assert run(run_dir=tmp_path / "b", stop_at=3)["paused_at"] == 3

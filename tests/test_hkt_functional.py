@@ -28,6 +28,17 @@ def require(impl):
         assert cpu_kernel() is not None, "the C++ HKT kernel failed to build"
 
 
+def available(impls):
+    """``impls`` less the C++ kernel on a machine without a compiler (the others still run)."""
+    out = []
+    for impl in impls:
+        if impl == "fused_cpp" and shutil.which(os.environ.get("CXX", "c++")) is None:
+            continue
+        require(impl)
+        out.append(impl)
+    return out
+
+
 def make_inputs(
     T, n_levels, stride, *, B=2, H=2, d=4, d_v=3, dtype=torch.float64, seed=0, padded=False
 ):
@@ -88,10 +99,9 @@ def test_fast_matches_reference_with_holes_in_mask(causal):
     lam = torch.softmax(theta, -1)
     for t in (*q, *k, v):
         t.requires_grad_(True)
-    require("fused_cpp")
     outs = [
         hkt_attention(q, k, v, lam, causal=causal, key_padding_mask=mask, impl=impl)
-        for impl in ("reference", *EXACT)
+        for impl in ("reference", *available(EXACT))
     ]
     g_ref = _grads(outs[0], [*q, *k, v])
     for out in outs[1:]:

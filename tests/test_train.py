@@ -74,8 +74,9 @@ def tiny(task, attention, data_dir, run_dir, **train_overrides):
 def test_tiny_end_to_end_train_and_eval(task, data_dir, tmp_path):
     cfg = tiny(task, "hkt", data_dir, tmp_path / "run")
     final = train(cfg, progress=False)
-    assert final["steps"] == 6 and final["task"] == task
-    assert 0.0 <= final["test_acc"] <= 1.0 and final["median_step_ms"] > 0
+    assert final["steps"] == 6 and final["task"] == task and final["median_step_ms"] > 0
+    hits = final["test_acc"] * final["test_examples"]  # a count of correct test examples
+    assert abs(hits - round(hits)) < 1e-9 and final["skipped_steps"] == 0
     assert final["stand_in"] == (task == "image")  # aclImdb fixture is the original layout
     assert len(final["hkt"]["level_weights"]) == 1  # one layer
     run = tmp_path / "run"
@@ -272,8 +273,40 @@ def test_missing_data_is_a_clear_error(tmp_path):
         train(cfg, progress=False)
 
 
-def test_config_dir_is_the_repository_configs():
-    assert CONFIG_DIR == Path(__file__).resolve().parents[1] / "configs"
+def test_configs_ship_with_the_package_and_are_found_from_anywhere(tmp_path, monkeypatch):
+    import structattn
+    from structattn.train.config import find_config
+
+    assert CONFIG_DIR == Path(structattn.__file__).parent / "configs"
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here
+    assert find_config("listops-hkt") == CONFIG_DIR / "listops-hkt.yaml"
+    assert find_config("glfusion") == CONFIG_DIR / "glfusion.yaml"
+    with pytest.raises(ValueError, match="not found.*listops-hkt"):
+        find_config("listops-hk")
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"structattn" = ["configs/*.yaml"]' in pyproject  # package data in the wheel
+
+
+def test_reproduce_with_paused_runs_reports_them(data_dir, tmp_path):
+    overrides = dict(
+        data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]},
+        model=TINY_MODEL,
+        train={**TINY_TRAIN, "max_steps": 4, "stop_at": 2},
+    )
+    results = reproduce(
+        "quick",
+        seeds=(0,),
+        tasks=("listops",),
+        out_dir=tmp_path / "out",
+        data_dir=data_dir,
+        progress=False,
+        overrides=overrides,
+    )
+    assert results["incomplete"] == [
+        "listops-hkt/seed0 (paused at 2)",
+        "listops-mha/seed0 (paused at 2)",
+    ]
+    assert "Not in the table (unfinished" in (tmp_path / "out" / "quick" / "results.md").read_text()
 
 
 def test_diagnose_a_trained_run(data_dir, tmp_path, capsys):

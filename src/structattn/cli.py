@@ -8,10 +8,12 @@
     structattn eval RUN_DIR [--split test]
     structattn reproduce [--preset quick|paper] [--seeds 0 1 2] [--tasks listops image text]
     structattn diagnose RUN_DIR
-    structattn glfusion train [--preset quick|paper] [--dataset wordnet|arxiv] [--max-steps N ...]
+    structattn glfusion train [--preset quick|paper] [--dataset wordnet|arxiv] [--train.max-steps N]
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
-subcommand lists them with their defaults.
+subcommand lists them with their defaults. Bad input (a config key, value, preset, data file or
+run directory) ends in one line naming the problem; anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Annotated
 import tyro
 
 from structattn.data.tasks import TaskSpec
+from structattn.errors import ConfigError, UserError
 from structattn.hkt.model import ModelConfig
 
 __all__ = ["Cost", "DataFetch", "DataSummary", "Params", "main"]
@@ -44,7 +47,10 @@ class Cost:
     def run(self) -> None:
         from structattn.hkt import hkt_cost
 
-        cost = hkt_cost(self.levels, self.stride, seq_len=self.seq_len, head_dim=self.head_dim)
+        try:
+            cost = hkt_cost(self.levels, self.stride, seq_len=self.seq_len, head_dim=self.head_dim)
+        except ValueError as err:  # the flags are checked by hkt_cost
+            raise ConfigError(str(err)) from None
         if self.json:
             print(json.dumps(asdict(cost), indent=2))
             return
@@ -78,8 +84,8 @@ class DataFetch:
         root = self.data_dir or default_data_dir()
         try:
             done = fetch_all(root, list(self.only) or None)
-        except FetchError as err:
-            raise SystemExit(f"structattn: error: {err}") from None
+        except (FetchError, ValueError) as err:
+            raise ConfigError(str(err)) from None
         for name, path in done.items():
             print(f"{name}: {path}")
 
@@ -113,7 +119,7 @@ class Params:
         model = self.model
         if self.task is not None:
             if self.task not in TASK_SHAPES:
-                raise ValueError(f"task must be one of {sorted(TASK_SHAPES)}, got {self.task!r}")
+                raise ConfigError(f"task must be one of {sorted(TASK_SHAPES)}, got {self.task!r}")
             model = model.replace(**TASK_SHAPES[self.task])
         counts = {
             att: count_parameters(SequenceClassifier(model.replace(attention=att)))
@@ -221,33 +227,41 @@ COMMANDS = {
 }
 
 
-def glfusion_main(argv: list[str]) -> None:
-    """``structattn glfusion train``: configs/glfusion.yaml preset, then flags on top."""
-    import yaml
+def _parse(cls, base, args: list[str], prog: str, description: str):
+    """``tyro.cli`` on top of ``base``; a value the dataclass rejects is a ConfigError."""
+    try:
+        return tyro.cli(cls, default=base, args=args, prog=prog, description=description)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
 
-    from structattn.glfusion.train import GLFusionTrainConfig, results_table, train_glfusion
-    from structattn.train.config import find_config
+
+def glfusion_main(argv: list[str]) -> None:
+    """``structattn glfusion train``: a preset of the glfusion experiment file, then flags."""
+    from structattn.train.glfusion import (
+        GLFusionTrainConfig,
+        load_glfusion,
+        results_table,
+        train_glfusion,
+    )
 
     if not argv or argv[0] != "train":
-        raise ValueError(
+        raise ConfigError(
             "usage: structattn glfusion train [--config PATH] [--preset quick|paper] ..."
         )
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default="glfusion")
     pre.add_argument("--preset", default="quick")
     known, rest = pre.parse_known_args(argv[1:])
-    path = find_config(known.config)
-    doc = yaml.safe_load(path.read_text()) or {}
-    if known.preset not in doc:
-        raise ValueError(f"{path}: no preset {known.preset!r} (has {sorted(doc)})")
-    base = GLFusionTrainConfig(**doc[known.preset])
-    cfg = tyro.cli(
+    base = load_glfusion(known.config, known.preset)
+    cfg = _parse(
         GLFusionTrainConfig,
-        default=base,
-        args=rest,
-        prog="structattn glfusion train",
-        description="Train GL-Fusion; --config (default configs/glfusion.yaml) and "
-        "--preset quick|paper choose the defaults below; flags override them.",
+        base,
+        rest,
+        "structattn glfusion train",
+        "Train GL-Fusion; --config (default: the shipped glfusion.yaml) and --preset "
+        "quick|paper choose the defaults below; flags override them.",
     )
     print(results_table(train_glfusion(cfg)))
 
@@ -255,41 +269,68 @@ def glfusion_main(argv: list[str]) -> None:
 def train_main(argv: list[str]) -> None:
     """``structattn train``: a YAML preset, then dataclass flags on top of it."""
     from structattn.train.config import ExperimentConfig, load_experiment
-    from structattn.train.loop import train
+    from structattn.train.hkt import train
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     pre.add_argument("--preset", default="quick")
     known, rest = pre.parse_known_args(argv)
     base = load_experiment(known.config, known.preset) if known.config else ExperimentConfig()
-    cfg = tyro.cli(
+    cfg = _parse(
         ExperimentConfig,
-        default=base,
-        args=rest,
-        prog="structattn train",
-        description="Train one task/model/seed. --config NAME|PATH (configs/<task>-<model>.yaml)"
-        " and --preset quick|paper choose the defaults below; every flag overrides them.",
+        base,
+        rest,
+        "structattn train",
+        "Train one task/model/seed. --config NAME|PATH (a shipped <task>-<model> experiment or a "
+        "YAML file) and --preset quick|paper choose the defaults below; every flag overrides them.",
     )
     final = train(cfg)
     print(json.dumps(final, indent=2))
+
+
+#: Every command with its one-line summary, for ``structattn --help``.
+SUMMARIES = {
+    "train": "Train one HKT or MHA model on a task (a shipped experiment + preset, flags on top).",
+    "eval": "Evaluate a run's best weights (or latest checkpoint) on a split.",
+    "reproduce": "Train HKT and MHA on each task and seed, then write the comparison table.",
+    "diagnose": "Measure the paper's theory on a trained HKT run (report and plots).",
+    "glfusion": "GL-Fusion: `structattn glfusion train` on a text-attributed graph.",
+    "data": "Fetch the offline stand-in datasets; summarise a task's data.",
+    "params": "Parameter counts of HKT and the MHA baseline from one config.",
+    "cost": "Score-FLOP ratio of HKT against standard attention.",
+}
+
+
+def print_help() -> None:
+    print("usage: structattn COMMAND [--help] [flags]\n\ncommands:")
+    for name, text in SUMMARIES.items():
+        print(f"  {name:<10} {text}")
+    print("\n`structattn COMMAND --help` lists a command's flags and their defaults.")
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``structattn`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] == "train":
+        if not argv or argv[0] in ("-h", "--help"):
+            print_help()
+            return
+        if argv[0] == "train":
             train_main(argv[1:])
             return
-        if argv and argv[0] == "glfusion":
+        if argv[0] == "glfusion":
             glfusion_main(argv[1:])
             return
-        command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
+        if argv[0] not in COMMANDS:
+            raise ConfigError(f"unknown command {argv[0]!r}; choose from {list(SUMMARIES)}")
+        try:
+            command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as err:  # a flag value its dataclass rejects
+            raise ConfigError(str(err)) from None
         command.run()
-    except (
-        ValueError,
-        FileNotFoundError,
-    ) as err:  # bad options: one line naming the problem, no traceback
+    except (UserError, FileNotFoundError) as err:  # bad input: one line naming the problem
         raise SystemExit(f"structattn: error: {err}") from None
 
 

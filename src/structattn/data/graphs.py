@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from structattn.errors import DataError
+
 from .base import split_indices
 
 __all__ = [
@@ -134,13 +136,13 @@ def read_wordnet_nouns(
                 if len(fields) < p_at + 1 + 4 * p_cnt:
                     raise ValueError("pointer list shorter than its count")
             except (IndexError, ValueError) as err:
-                raise ValueError(f"{path}:{lineno}: malformed WordNet data line ({err})") from None
+                raise DataError(f"{path}:{lineno}: malformed WordNet data line ({err})") from None
             offsets.append(offset)
             texts.append(f"{', '.join(words)}: {gloss.strip()}")
             labels.append(lex_filenum - 3)
             pointers.append(ptrs)
     if not offsets:
-        raise ValueError(f"{path}: no noun synsets found")
+        raise DataError(f"{path}: no noun synsets found")
     index = {off: i for i, off in enumerate(offsets)}
     src, dst = [], []
     for i, ptrs in enumerate(pointers):
@@ -179,7 +181,7 @@ def _ints(rows: list[list[str]], path: Path, skip_header: bool = False) -> list[
         try:
             out.append([int(x) for x in row])
         except ValueError:
-            raise ValueError(f"{path}:{lineno}: expected integers, got {row!r}") from None
+            raise DataError(f"{path}:{lineno}: expected integers, got {row!r}") from None
     return out
 
 
@@ -195,7 +197,7 @@ def read_ogbn_arxiv(root: str | Path, titleabs: str | Path) -> TextAttributedGra
     mapping_path = root / "mapping" / "nodeidx2paperid.csv.gz"
     mapping = _ints(_read_csv_gz(mapping_path), mapping_path, skip_header=True)
     if len(mapping) != n:
-        raise ValueError(f"{mapping_path}: {len(mapping)} rows but {n} node labels")
+        raise DataError(f"{mapping_path}: {len(mapping)} rows but {n} node labels")
     label_path = root / "mapping" / "labelidx2arxivcategeory.csv.gz"
     label_rows = _read_csv_gz(label_path)[1:]
     label_names = [row[1].replace("arxiv cs ", "cs.") for row in label_rows]
@@ -215,19 +217,19 @@ def read_ogbn_arxiv(root: str | Path, titleabs: str | Path) -> TextAttributedGra
             if len(parts) < 3 or not parts[0].strip().isdigit():
                 if lineno == 1:
                     continue  # a header
-                raise ValueError(f"{titleabs}:{lineno}: expected 'paper id<TAB>title<TAB>abstract'")
+                raise DataError(f"{titleabs}:{lineno}: expected 'paper id<TAB>title<TAB>abstract'")
             paper_text[int(parts[0])] = f"{parts[1].strip()}. {parts[2].strip()}"
     texts = []
     for i, row in enumerate(mapping):
         if len(row) != 2 or row[0] != i:
-            raise ValueError(f"{mapping_path}:{i + 2}: expected 'node idx,paper id' for node {i}")
+            raise DataError(f"{mapping_path}:{i + 2}: expected 'node idx,paper id' for node {i}")
         paper = row[1]
         if paper not in paper_text:
-            raise ValueError(f"{titleabs}: no title/abstract for paper {paper} (node {i})")
+            raise DataError(f"{titleabs}: no title/abstract for paper {paper} (node {i})")
         texts.append(paper_text[paper])
     edge_index = torch.tensor(edges, dtype=torch.long).reshape(-1, 2).T.contiguous()
     if edge_index.numel() and int(edge_index.max()) >= n:
-        raise ValueError(f"{root / 'raw' / 'edge.csv.gz'}: edge to node >= {n}")
+        raise DataError(f"{root / 'raw' / 'edge.csv.gz'}: edge to node >= {n}")
     return TextAttributedGraph(
         name="ogbn-arxiv",
         node_texts=texts,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from structattn.errors import DataError
+
 __all__ = ["images_to_sequences", "read_cifar10", "read_idx", "CIFAR10_CLASSES", "FASHION_CLASSES"]
 
 CIFAR10_CLASSES = [
@@ -53,18 +55,18 @@ def read_idx(path: str | Path) -> np.ndarray:
         with opener(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as err:
-        raise ValueError(f"{path}: cannot read IDX file ({err})") from None
+        raise DataError(f"{path}: cannot read IDX file ({err})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path}: not an IDX file (bad magic number {raw[:4]!r})")
+        raise DataError(f"{path}: not an IDX file (bad magic number {raw[:4]!r})")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if ndim == 0 or len(raw) < header:
-        raise ValueError(f"{path}: truncated IDX header")
+        raise DataError(f"{path}: truncated IDX header")
     dims = tuple(int(x) for x in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise ValueError(
+        raise DataError(
             f"{path}: IDX data has {len(raw) - header} bytes, header {dims} needs {expected}"
         )
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
@@ -79,11 +81,11 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         data = np.asarray(batch[b"data"], dtype=np.uint8)
         labels = np.asarray(batch[b"labels"], dtype=np.int64)
     except Exception as err:  # pickle raises many types on corrupt input
-        raise ValueError(
+        raise DataError(
             f"{path}: not a CIFAR-10 python batch ({type(err).__name__}: {err})"
         ) from None
     if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise ValueError(f"{path}: expected data (N, 3072) and N labels, got {data.shape}")
+        raise DataError(f"{path}: expected data (N, 3072) and N labels, got {data.shape}")
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels  # (N, 32, 32, 3)
 
 

@@ -20,10 +20,13 @@ digits and ``]``; the models see exactly those tokens.
 from __future__ import annotations
 
 import csv
+import io
 import random
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
+
+from structattn.errors import DataError
 
 __all__ = [
     "OPERATORS",
@@ -199,20 +202,31 @@ def read_listops_tsv(path: str | Path) -> list[tuple[str, int]]:
     if not path.is_file():
         raise FileNotFoundError(f"ListOps TSV not found: {path}")
     out = []
-    with path.open(newline="") as f:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text ({err.reason})") from None
+    with io.StringIO(text, newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header is None or [h.strip() for h in header[:2]] != ["Source", "Target"]:
-            raise ValueError(f"{path}:1: expected header 'Source<TAB>Target', got {header!r}")
+            raise DataError(f"{path}:1: expected header 'Source<TAB>Target', got {header!r}")
         for lineno, row in enumerate(reader, start=2):
             if not row:
                 continue
             if len(row) != 2:
-                raise ValueError(
+                raise DataError(
                     f"{path}:{lineno}: expected 2 tab-separated columns, got {len(row)}"
                 )
             source, target = row
             if not target.strip().isdigit() or not 0 <= int(target) <= 9:
-                raise ValueError(f"{path}:{lineno}: target must be a digit 0-9, got {target!r}")
+                raise DataError(f"{path}:{lineno}: target must be a digit 0-9, got {target!r}")
+            try:
+                encode_listops(source)
+            except ValueError as err:
+                raise DataError(f"{path}:{lineno}: {err}") from None
+            if not listops_tokens(source):
+                raise DataError(f"{path}:{lineno}: empty source")
             out.append((source, int(target)))
     return out

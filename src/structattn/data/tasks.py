@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from structattn.errors import ConfigError
+
 from . import listops as lo
 from .base import SequenceDataset, TaskData, default_data_dir, split_indices
 from .images import (
@@ -188,7 +190,7 @@ def _image(spec: TaskSpec, root: Path) -> TaskData:
         test_y = read_idx(folder / "t10k-labels-idx1-ubyte.gz")
         source, stand_in, names = "Fashion-MNIST (stand-in for CIFAR-10)", True, FASHION_CLASSES
         if spec.rgb:
-            raise ValueError("rgb=True needs CIFAR-10; the Fashion-MNIST stand-in is grey")
+            raise ConfigError("rgb=True needs CIFAR-10; the Fashion-MNIST stand-in is grey")
     if spec.image_pool > 1:
         train_x, test_x = _pool(train_x, spec.image_pool), _pool(test_x, spec.image_pool)
         side = train_x.shape[1]
@@ -197,7 +199,7 @@ def _image(spec: TaskSpec, root: Path) -> TaskData:
     test_seq = images_to_sequences(test_x, rgb=spec.rgb)
     T = train_seq.shape[1]
     if spec.seq_len is not None and spec.seq_len != T:
-        raise ValueError(f"seq_len={spec.seq_len} but these images give T = H*W = {T}")
+        raise ConfigError(f"seq_len={spec.seq_len} but these images give T = H*W = {T}")
     train, val = _train_val(spec, list(train_seq), train_y.astype(np.int64))
     test = _dataset(list(test_seq), test_y.astype(np.int64))
     return TaskData(

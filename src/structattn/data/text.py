@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from structattn.errors import DataError
+
 __all__ = ["email_body", "encode_bytes", "read_aclimdb", "read_spam_assassin", "SPAM_GROUPS"]
 
 SPAM_GROUPS = ("easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2")
@@ -46,12 +48,12 @@ def read_aclimdb(root: str | Path, split: str) -> tuple[list[str], list[int]]:
             raise FileNotFoundError(f"aclImdb folder not found: {folder}")
         files = sorted(folder.glob("*.txt"))
         if not files:
-            raise ValueError(f"{folder}: no *.txt reviews")
+            raise DataError(f"{folder}: no *.txt reviews")
         for path in files:
             try:
                 texts.append(path.read_text(encoding="utf-8"))
             except UnicodeDecodeError as err:
-                raise ValueError(f"{path}: not UTF-8 text ({err})") from None
+                raise DataError(f"{path}: not UTF-8 text ({err})") from None
             labels.append(label)
     return texts, labels
 

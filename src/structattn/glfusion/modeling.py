@@ -87,10 +87,18 @@ class GLFusionForCausalLM(nn.Module):
         )
         self.glf_gnn_head = nn.Linear(D, config.num_node_classes)
         self._ctx: dict | None = None
-        self._hooks = [
-            layer.register_forward_hook(self._layer_hook(i))
-            for i, layer in enumerate(inner.model.layers)
-        ]
+        # The graph reaches each decoder layer as a call keyword (``glf_ctx``) that a pre-hook
+        # takes off before the layer runs: a layer recomputed by gradient checkpointing (which
+        # replays the call with its keywords) sees the same graph, whatever transformers wraps.
+        self._layer_ctx: dict[int, dict] = {}
+        self._hooks = []
+        # Hooks are bound methods (not closures), so a deep copy of the model hooks the copy.
+        for i, layer in enumerate(inner.model.layers):
+            layer._glf_index = i
+            self._hooks.append(
+                layer.register_forward_pre_hook(self._layer_pre_hook, with_kwargs=True)
+            )
+            self._hooks.append(layer.register_forward_hook(self._layer_hook))
         self._hooks.append(inner.model.norm.register_forward_hook(self._norm_hook))
         self.to(emb.device, emb.dtype)
 
@@ -118,35 +126,49 @@ class GLFusionForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ hooks
 
-    def _layer_hook(self, index: int):
-        def hook(module, args, output):
-            ctx = self._ctx
-            if ctx is None:
-                return None
-            hidden = output[0] if isinstance(output, tuple) else output
-            key = str(index)
-            slots = ctx["slots"]
-            graph: GraphBatch = ctx["graph"]
-            if key in self.glf_message_passing:
-                nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
-                nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
-                hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
-            if key in self.glf_cross_attention:
-                hidden = self.glf_cross_attention[key](
-                    hidden,
-                    graph.node_text,
-                    graph.node_text_mask,
-                    graph.node_batch,
-                    slots,
-                    ctx["attention_mask"],
-                )
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+    def _layer_pre_hook(self, module, args, kwargs):
+        index = module._glf_index
+        if "glf_ctx" not in kwargs:
+            self._layer_ctx.pop(index, None)
+            return None
+        kwargs = dict(kwargs)
+        self._layer_ctx[index] = kwargs.pop("glf_ctx")
+        return args, kwargs
 
-        return hook
+    def _layer_hook(self, module, args, output):
+        index = module._glf_index
+        ctx = self._layer_ctx.pop(index, None)
+        if ctx is None:
+            return None
+        hidden = output[0] if isinstance(output, tuple) else output
+        key = str(index)
+        slots = ctx["slots"]
+        graph: GraphBatch = ctx["graph"]
+        if key in self.glf_message_passing:
+            nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
+            nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
+            hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
+        if key in self.glf_cross_attention:
+            hidden = self.glf_cross_attention[key](
+                hidden,
+                graph.node_text,
+                graph.node_text_mask,
+                graph.node_batch,
+                slots,
+                ctx["attention_mask"],
+            )
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
     def _norm_hook(self, module, args, output):
         if self._ctx is not None:
             self._ctx["final_hidden"] = output
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Recompute the base LM's layers in backward (non-reentrant checkpointing); the graph
+        paths run inside the recomputed layers exactly as in the first pass."""
+        _inner(self.base).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
 
     # ------------------------------------------------------------------ forward
 
@@ -185,16 +207,19 @@ class GLFusionForCausalLM(nn.Module):
         embeds = self._embed(input_ids, graph, slots)
         node_mask = input_ids == self.config.node_id
         allowed = build_structure_mask(node_mask, attention_mask)
-        self._ctx = {"graph": graph, "slots": slots, "attention_mask": attention_mask}
+        ctx = {"graph": graph, "slots": slots, "attention_mask": attention_mask}
+        self._ctx = ctx
         try:
             out = self.base(
                 inputs_embeds=embeds,
                 attention_mask=to_additive_mask(allowed, embeds.dtype),
                 position_ids=node_position_ids(node_mask, attention_mask),
+                glf_ctx=ctx,
             )
-            final = self._ctx["final_hidden"]
+            final = ctx["final_hidden"]
         finally:
             self._ctx = None
+            self._layer_ctx.clear()
         node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
         lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
         gnn_loss = (

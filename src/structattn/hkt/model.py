@@ -14,7 +14,8 @@ Shapes: ``tokens (B, T)`` int64 (0 = padding), ``mask (B, T)`` bool (True = real
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from .functional import masked_sdpa
 
 __all__ = [
     "CausalLM",
+    "ModelOutput",
     "ModelConfig",
     "MultiHeadAttention",
     "SequenceClassifier",
@@ -36,7 +38,8 @@ ATTENTIONS = ("hkt", "mha")
 
 @dataclass
 class ModelConfig:
-    """A sequence model; the ``hkt_*``-free fields are shared by HKT and the MHA baseline."""
+    """A sequence model. ``hkt`` holds every option of the HKT attention layer
+    (:class:`HKTConfig`); its width, heads and causality are the model's own."""
 
     vocab_size: int = 257  # embedding rows (ids 0 .. vocab_size - 1; 0 = padding)
     num_classes: int = 10  # classifier outputs (unused by CausalLM)
@@ -49,13 +52,7 @@ class ModelConfig:
     causal: bool = False  # causal attention (decoder) or bidirectional (encoder)
     pooling: str = "mean"  # classifier pooling: "mean" over real tokens or "last" real token
     dropout: float = 0.1  # dropout on embeddings, residual branches and MLP (training only)
-    n_levels: int = 3  # HKT: resolution levels L
-    stride: int = 2  # HKT: length ratio s between levels
-    hybrid: bool = True  # HKT: beta*attention + (1-beta)*causal conv head
-    downsample_kernel: int = 3  # HKT: kernel of the causal downsampling conv
-    conv_kernel: int = 3  # HKT: kernel of the hybrid head's causal conv
-    beta_init: float = 0.9  # HKT: initial attention share beta
-    impl: str = "auto"  # HKT attention path: "auto" (fastest exact path), "fast", "fused", ...
+    hkt: HKTConfig = field(default_factory=HKTConfig)  # HKT layer options (attention="hkt")
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -79,27 +76,32 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.attention == "hkt":
-            self.hkt_config()  # validates the HKT fields
-
-    def hkt_config(self) -> HKTConfig:
-        return HKTConfig(
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            n_levels=self.n_levels,
-            stride=self.stride,
-            causal=self.causal,
-            hybrid=self.hybrid,
-            impl=self.impl,
-            downsample_kernel=self.downsample_kernel,
-            conv_kernel=self.conv_kernel,
-            beta_init=self.beta_init,
+        if isinstance(self.hkt, dict):
+            self.hkt = HKTConfig(**self.hkt)
+        # One source for width, heads and causality: the model's.
+        self.hkt = dataclasses.replace(
+            self.hkt, d_model=self.d_model, n_heads=self.n_heads, causal=self.causal
         )
 
+    @property
+    def n_levels(self) -> int:
+        return self.hkt.n_levels
+
+    @property
+    def stride(self) -> int:
+        return self.hkt.stride
+
+    def hkt_config(self) -> HKTConfig:
+        return self.hkt
+
     def replace(self, **changes) -> ModelConfig:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        return ModelConfig(**values)
+        """A copy with ``changes``; ``hkt`` may be a dict of changes to the HKT options."""
+        hkt = changes.pop("hkt", None)
+        if isinstance(hkt, dict):
+            changes["hkt"] = dataclasses.replace(self.hkt, **hkt)
+        elif hkt is not None:
+            changes["hkt"] = hkt
+        return dataclasses.replace(self, **changes)
 
 
 class MultiHeadAttention(nn.Module):
@@ -188,8 +190,20 @@ class Encoder(nn.Module):
         return [b.attn for b in self.blocks if isinstance(b.attn, HKTAttention)]
 
 
+@dataclass
+class ModelOutput:
+    """What the models return, in the transformers convention: ``logits``, and ``loss`` when
+    ``labels`` were given (``None`` otherwise)."""
+
+    logits: Tensor
+    loss: Tensor | None = None
+
+
 class SequenceClassifier(nn.Module):
-    """Encoder + pooling + linear head: ``tokens (B, T) -> logits (B, num_classes)``."""
+    """Encoder + pooling + linear head: ``tokens (B, T) -> logits (B, num_classes)``.
+
+    ``model(tokens, mask, labels=labels)`` also returns the mean cross-entropy as ``.loss``
+    (labels ``-100`` ignored)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -197,7 +211,9 @@ class SequenceClassifier(nn.Module):
         self.encoder = Encoder(config)
         self.head = nn.Linear(config.d_model, config.num_classes)
 
-    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, mask: Tensor | None = None, labels: Tensor | None = None
+    ) -> ModelOutput:
         h = self.encoder(tokens, mask)  # (B, T, D)
         if mask is None:
             mask = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
@@ -207,13 +223,19 @@ class SequenceClassifier(nn.Module):
         else:  # the last real token
             last = mask.long().cumsum(1).argmax(1)  # (B,) index of the last True
             pooled = h[torch.arange(h.shape[0], device=h.device), last]
-        return self.head(pooled)
+        logits = self.head(pooled)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float(), labels, ignore_index=-100)
+        return ModelOutput(logits=logits, loss=loss)
 
 
 class CausalLM(nn.Module):
     """The same stack as a decoder: ``tokens (B, T) -> next-token logits (B, T, vocab)``.
 
     Attention is forced causal; the output head is tied to the token embedding.
+    ``labels (B, T)`` are shifted inside (position t predicts ``labels[:, t + 1]``), as in
+    transformers; ``-100`` is ignored.
     """
 
     def __init__(self, config: ModelConfig):
@@ -223,18 +245,24 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.encoder.tok.weight
 
-    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
-        return self.lm_head(self.encoder(tokens, mask))
+    def forward(
+        self, tokens: Tensor, mask: Tensor | None = None, labels: Tensor | None = None
+    ) -> ModelOutput:
+        logits = self.lm_head(self.encoder(tokens, mask))
+        loss = None
+        if labels is not None:
+            shifted = logits[:, :-1].float()
+            loss = F.cross_entropy(
+                shifted.reshape(-1, shifted.shape[-1]),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+            )
+        return ModelOutput(logits=logits, loss=loss)
 
     def loss(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean next-token cross-entropy over real target tokens."""
-        logits = self(tokens, mask)[:, :-1]  # predicts tokens[:, 1:]
-        targets = tokens[:, 1:]
-        if mask is not None:
-            targets = targets.masked_fill(~mask[:, 1:], -100)
-        return F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-        )
+        labels = tokens if mask is None else tokens.masked_fill(~mask, -100)
+        return self(tokens, mask, labels=labels).loss
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -9,14 +9,21 @@ Layout of ``<run_dir>/checkpoints/``::
 A checkpoint is written into a temporary folder and renamed into place (``os.replace`` of a
 folder is atomic); ``latest`` is rewritten the same way. ``best.safetensors`` beside the
 checkpoints holds the weights with the best validation accuracy.
+
+:func:`load_latest_valid` resumes from the newest checkpoint that loads and holds finite
+weights; a damaged one (truncated, unreadable, non-finite, or a broken ``latest`` pointer) is
+reported with a warning naming the file and renamed ``damaged-step-*`` (never deleted), and the
+one before it is tried. :func:`remove_litter` deletes what interrupted writes leave behind.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,10 @@ from torch import nn
 
 __all__ = [
     "atomic_save_weights",
+    "atomic_write_text",
+    "checkpoint_dirs",
+    "load_latest_valid",
+    "remove_litter",
     "latest_checkpoint",
     "load_checkpoint",
     "load_weights",
@@ -56,6 +67,21 @@ def atomic_save_weights(model: nn.Module, path: Path) -> None:
     os.close(fd)
     try:
         save_file(_weights(model), tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file + rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
@@ -128,34 +154,164 @@ def save_checkpoint(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    fd, tmp_latest = tempfile.mkstemp(dir=ckpt_dir, prefix=".latest.")
-    with os.fdopen(fd, "w") as f:
-        f.write(name + "\n")
-    os.chmod(tmp_latest, 0o644)
-    os.replace(tmp_latest, ckpt_dir / "latest")
-    steps = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir())
+    _write_pointer(ckpt_dir, name)
+    steps = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir() and _STEP_DIR.match(p.name))
     for old in steps[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def checkpoint_dirs(ckpt_dir: Path) -> list[Path]:
+    """Complete-looking checkpoint folders (``step-*`` with both files), newest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in ckpt_dir.iterdir()
+        if p.is_dir() and _STEP_DIR.match(p.name)
+    ]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    pointer = Path(ckpt_dir) / "latest"
-    if not pointer.is_file():
+    """The folder ``latest`` names when it is complete, else the newest complete folder."""
+    ckpt_dir = Path(ckpt_dir)
+    pointer = ckpt_dir / "latest"
+    if pointer.is_file():
+        try:
+            name = pointer.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            name = ""
+        path = ckpt_dir / name
+        if _STEP_DIR.match(name) and (path / "state.pt").is_file():
+            return path
+    for path in checkpoint_dirs(ckpt_dir):
+        if (path / "state.pt").is_file() and (path / "model.safetensors").is_file():
+            return path
+    return None
+
+
+def _read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Weights and state of one checkpoint, checked: both files readable, the step matches the
+    folder name, every floating-point weight finite. Raises ``ValueError`` saying what is wrong."""
+    weights_file, state_file = path / "model.safetensors", path / "state.pt"
+    for f in (weights_file, state_file):
+        if not f.is_file():
+            raise ValueError(f"{f} is missing")
+    try:
+        weights = load_file(str(weights_file))
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise ValueError(f"{weights_file} cannot be read ({type(err).__name__}: {err})") from None
+    try:
+        state = torch.load(state_file, weights_only=False)
+    except Exception as err:  # truncated zip, unpickling errors, ...
+        raise ValueError(f"{state_file} cannot be read ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError(f"{state_file} holds no training state")
+    expected = int(path.name.split("-")[1])
+    if state["step"] != expected:
+        raise ValueError(f"{state_file} holds step {state['step']}, not {expected}")
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"{weights_file} holds non-finite values in {bad[:3]}")
+    return weights, state
+
+
+def _apply(model: nn.Module, weights: dict[str, torch.Tensor], path: Path, partial: bool):
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:  # shape mismatches: a different model, not a damaged file
+        raise ValueError(f"{path} does not fit this model: {str(err).splitlines()[-1]}") from None
+    if unexpected:
+        raise ValueError(f"{path}: unexpected weights {unexpected[:5]}")
+    if not partial:
+        untied = sorted(set(missing) - _tied_names(model))
+        if untied:
+            raise ValueError(f"{path}: missing weights {untied[:5]}")
+
+
+def load_latest_valid(
+    ckpt_dir: Path, model: nn.Module, partial: bool = False, quarantine: bool = True
+) -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint that reads and checks out into ``model``; return its folder
+    and saved state, or ``None`` when there is no checkpoint folder at all.
+
+    A damaged checkpoint is named in a ``RuntimeWarning``, renamed ``damaged-<name>`` (kept for
+    inspection, never deleted) and the previous one is tried. If every checkpoint is damaged a
+    ``ValueError`` lists them; nothing is loaded into ``model`` from a checkpoint that failed.
+    A checkpoint that reads but does not fit ``model`` raises ``ValueError`` at once.
+    ``quarantine=False`` (other ranks of a multi-process run) renames and repairs nothing."""
+    ckpt_dir = Path(ckpt_dir)
+    # Newest folder first, whatever ``latest`` says: a folder is only ever renamed into place
+    # complete, and a kill between that rename and the pointer update leaves the pointer behind.
+    candidates = checkpoint_dirs(ckpt_dir)
+    if not candidates:
         return None
-    path = Path(ckpt_dir) / pointer.read_text().strip()
-    return path if (path / "state.pt").is_file() else None
+    problems = []
+    for path in candidates:
+        try:
+            weights, state = _read_checkpoint(path)
+        except ValueError as err:
+            problems.append(str(err))
+            if quarantine:
+                target = path.with_name(f"damaged-{path.name}")
+                if not target.exists():
+                    os.replace(path, target)
+                warnings.warn(
+                    f"checkpoint {path} is damaged ({err}); moved to {target.name}, "
+                    "trying the previous one",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            continue
+        _apply(model, weights, path, partial)
+        if quarantine and latest_checkpoint(ckpt_dir) != path:  # repair the pointer
+            _write_pointer(ckpt_dir, path.name)
+        return path, state
+    raise ValueError(f"no usable checkpoint in {ckpt_dir}: " + "; ".join(problems))
+
+
+def _write_pointer(ckpt_dir: Path, name: str) -> None:
+    fd, tmp_latest = tempfile.mkstemp(dir=ckpt_dir, prefix=".latest.")
+    with os.fdopen(fd, "w") as f:
+        f.write(name + "\n")
+    os.chmod(tmp_latest, 0o644)
+    os.replace(tmp_latest, Path(ckpt_dir) / "latest")
+
+
+def remove_litter(run_dir: Path) -> list[Path]:
+    """Delete what interrupted atomic writes leave: ``checkpoints/.step-*`` folders,
+    ``.latest.*`` and ``.*.tmp`` files. Returns what was removed."""
+    run_dir = Path(run_dir)
+    removed = []
+    patterns = [run_dir / "checkpoints", run_dir]
+    for folder in patterns:
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if p.name.startswith(".step-") and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.name.startswith(".latest.") or (
+                p.name.startswith(".") and p.name.endswith(".tmp")
+            ):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+            else:
+                continue
+            removed.append(p)
+    return removed
 
 
 def load_checkpoint(path: Path, model: nn.Module, partial: bool = False) -> dict[str, Any]:
-    """Load weights into ``model`` and return the saved state (optimizer, scheduler, RNG...).
-    ``partial``: the file holds a subset (``only_trainable``); unknown names still fail."""
-    if partial:
-        _, unexpected = model.load_state_dict(
-            load_file(str(Path(path) / "model.safetensors")), strict=False
-        )
-        if unexpected:
-            raise ValueError(f"{path}: unexpected weights {unexpected}")
-    else:
-        load_weights(model, Path(path) / "model.safetensors")
-    return torch.load(Path(path) / "state.pt", weights_only=False)
+    """Load one checkpoint's weights into ``model`` and return its saved state (optimizer,
+    scheduler, RNG...). ``partial``: the file holds a subset (``only_trainable``).
+    Raises ``ValueError`` naming the file when it is damaged."""
+    weights, state = _read_checkpoint(Path(path))
+    _apply(model, weights, Path(path), partial)
+    return state

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 
 from structattn.data import load_task
+from structattn.errors import RunError
 from structattn.hkt import diagnostics as dg
 from structattn.hkt.attention import HKTAttention
 
 from .checkpoint import load_weights
-from .loop import build_model, load_run_config
+from .hkt import build_model, load_run_config
 
 __all__ = ["diagnose", "diagnose_model", "summary_line"]
 
@@ -245,7 +246,7 @@ def diagnose(
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     if cfg.model.attention != "hkt":
-        raise ValueError(f"{run_dir} trained attention={cfg.model.attention!r}; diagnose needs hkt")
+        raise RunError(f"{run_dir} trained attention={cfg.model.attention!r}; diagnose needs hkt")
     data = load_task(cfg.data)
     model = build_model(cfg, data)
     weights = run_dir / "best.safetensors"

