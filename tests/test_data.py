@@ -104,12 +104,21 @@ def test_tsv_round_trip_and_encoding(tmp_path):
         ("Src\tTarget\n", ":1: expected header"),
         ("Source\tTarget\n( [MAX 1 ] )\t1\textra\n", ":2: expected 2 tab-separated columns"),
         ("Source\tTarget\n( [MAX 1 ] )\t1\n( [MIN 2 ] )\tx\n", ":3: target must be a digit"),
+        ("Source\tTarget\n( [MAX 1 ] )\t1\n( [MAXX 2 ] )\t2\n", ":3: unknown ListOps token"),
+        ("Source\tTarget\n( [MAX 1 ] )\t1\n( )\t2\n", ":3: empty source"),
+        ("Source\tTarget\n", ": no examples after the header"),
+        (b"Source\tTarget\n( [MAX 1 ] )\t1\n( [MAX \xff ] )\t2\n", ":3: not UTF-8 text"),
     ],
 )
 def test_malformed_tsv_names_file_and_line(tmp_path, content, match):
+    from structattn.errors import DataError
+
     path = tmp_path / "bad.tsv"
-    path.write_text(content)
-    with pytest.raises(ValueError, match=f"bad.tsv{match}"):
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(DataError, match=f"bad.tsv{match}"):
         read_listops_tsv(path)
 
 

@@ -229,4 +229,6 @@ def read_listops_tsv(path: str | Path) -> list[tuple[str, int]]:
             if not listops_tokens(source):
                 raise DataError(f"{path}:{lineno}: empty source")
             out.append((source, int(target)))
+    if not out:
+        raise DataError(f"{path}: no examples after the header")
     return out

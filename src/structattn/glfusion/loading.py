@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
@@ -188,7 +189,8 @@ class EncodingCache:
     def save(self) -> None:
         ids = sorted(self.store)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        # One temporary name per process: ranks of a multi-process run may save at once.
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         save_file(
             {
                 "ids": torch.tensor(ids),

@@ -558,16 +558,20 @@ class Engine:
                         run_count += count
                         run_steps += 1
                     bar.update(1)
-                    if step % tc.log_every == 0 and run_count:
-                        log.log(
-                            step,
-                            "train",
-                            loss=run_loss / run_count,
-                            acc=run_correct / run_count if accuracy is not None else None,
-                            lr=scheduler.get_last_lr()[0],
-                            step_ms=1e3 * step_times[-1],
+                    if step % tc.log_every == 0:
+                        loss_sum, correct_sum, count_sum = self._sum_ranks(
+                            run_loss, run_correct, run_count
                         )
-                        bar.set_postfix(loss=f"{run_loss / run_count:.3f}")
+                        if count_sum:
+                            log.log(
+                                step,
+                                "train",
+                                loss=loss_sum / count_sum,
+                                acc=correct_sum / count_sum if accuracy is not None else None,
+                                lr=scheduler.get_last_lr()[0],
+                                step_ms=1e3 * step_times[-1],
+                            )
+                            bar.set_postfix(loss=f"{loss_sum / count_sum:.3f}")
                         run_loss, run_correct, run_count, run_steps = 0.0, 0, 0, 0
                     evaluated = step % tc.eval_every == 0 or step == tc.max_steps
                     if evaluated:
@@ -640,6 +644,14 @@ class Engine:
         t = torch.tensor([float(flag)], device=acc.device)
         gathered = acc.gather(t)
         return bool(reduce(gathered.bool().tolist()))
+
+    def _sum_ranks(self, *values: float) -> list[float]:
+        """Each value summed over the processes (the logged training metrics are global)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return list(values)
+        t = torch.tensor([list(values)], dtype=torch.float64, device=acc.device)
+        return acc.gather(t).sum(0).tolist()
 
     def _load_latest(self, model: nn.Module) -> tuple[Path, dict[str, Any]]:
         """The newest valid checkpoint into ``model`` (main process first: it sets damaged
