@@ -127,3 +127,32 @@ def test_glfusion_resume_is_exact(tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert resumed["heads"] == straight["heads"] and resumed["best_step"] == straight["best_step"]
+
+
+def test_glfusion_trains_with_a_bfloat16_llm_and_gradient_checkpointing(tmp_path):
+    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = _tiny_models(tmp_path)
+    cfg = build_glfusion_config(
+        dict(
+            dataset="wordnet",
+            data_dir=tmp_path / "data",
+            max_train=6,
+            max_val=3,
+            max_test=3,
+            max_nodes=4,
+            text_tokens=8,
+            lora_r=2,
+            lora_alpha=4,
+            eval_batch_size=3,
+            baseline_epochs=2,
+            llm_dtype="bfloat16",
+            gradient_checkpointing=True,
+            run_dir=tmp_path / "run",
+            train={"max_steps": 2, "batch_size": 3, "eval_every": 2},
+        )
+    )
+    results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    base = llm[0]
+    assert base.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert base.model.layers[0].gradient_checkpointing
+    assert results["skipped_steps"] == 0 and results["best_step"] == 2
