@@ -52,25 +52,32 @@ def _tiny_models(tmp_path):
     return (llm, tokenizer), (encoder, BertTokenizer(str(tmp_path / "vocab.txt")))
 
 
+TINY = dict(
+    dataset="wordnet",
+    max_nodes=4,
+    text_tokens=8,
+    lora_r=2,
+    lora_alpha=4,
+)
+
+
+def tiny_cfg(tmp_path, train, **kw):
+    """A tiny GL-Fusion config on the generated graph in ``tmp_path / "data"``."""
+    return build_glfusion_config({**TINY, "data_dir": tmp_path / "data", **kw, "train": train})
+
+
 def test_tiny_glfusion_train_and_eval(tmp_path):
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     llm, encoder = _tiny_models(tmp_path)
-    cfg = build_glfusion_config(
-        dict(
-            dataset="wordnet",
-            data_dir=tmp_path / "data",
-            max_train=12,
-            max_val=6,
-            max_test=6,
-            max_nodes=4,
-            text_tokens=8,
-            lora_r=2,
-            lora_alpha=4,
-            eval_batch_size=6,
-            baseline_epochs=20,
-            run_dir=tmp_path / "run",
-            train={"max_steps": 6, "batch_size": 3, "eval_every": 3},
-        )
+    cfg = tiny_cfg(
+        tmp_path,
+        {"max_steps": 6, "batch_size": 3, "eval_every": 3},
+        max_train=12,
+        max_val=6,
+        max_test=6,
+        eval_batch_size=6,
+        baseline_epochs=20,
+        run_dir=tmp_path / "run",
     )
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
     for split in ("val", "test"):
@@ -98,24 +105,12 @@ def test_glfusion_resume_is_exact(tmp_path):
     from safetensors.torch import load_file
 
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
-    common = dict(
-        dataset="wordnet",
-        data_dir=tmp_path / "data",
-        max_train=12,
-        max_val=4,
-        max_test=4,
-        max_nodes=4,
-        text_tokens=8,
-        lora_r=2,
-        lora_alpha=4,
-        eval_batch_size=4,
-        baseline_epochs=5,
-    )
+    common = dict(max_train=12, max_val=4, max_test=4, eval_batch_size=4, baseline_epochs=5)
     budget = {"max_steps": 6, "batch_size": 3, "eval_every": 2}
 
     def run(stop_at=None, **kw):
         llm, encoder = _tiny_models(tmp_path)
-        cfg = build_glfusion_config({**common, **kw, "train": {**budget, "stop_at": stop_at}})
+        cfg = tiny_cfg(tmp_path, {**budget, "stop_at": stop_at}, **common, **kw)
         return train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
 
     straight = run(run_dir=tmp_path / "a")
@@ -132,24 +127,17 @@ def test_glfusion_resume_is_exact(tmp_path):
 def test_glfusion_trains_with_a_bfloat16_llm_and_gradient_checkpointing(tmp_path):
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     llm, encoder = _tiny_models(tmp_path)
-    cfg = build_glfusion_config(
-        dict(
-            dataset="wordnet",
-            data_dir=tmp_path / "data",
-            max_train=6,
-            max_val=3,
-            max_test=3,
-            max_nodes=4,
-            text_tokens=8,
-            lora_r=2,
-            lora_alpha=4,
-            eval_batch_size=3,
-            baseline_epochs=2,
-            llm_dtype="bfloat16",
-            gradient_checkpointing=True,
-            run_dir=tmp_path / "run",
-            train={"max_steps": 2, "batch_size": 3, "eval_every": 2},
-        )
+    cfg = tiny_cfg(
+        tmp_path,
+        {"max_steps": 2, "batch_size": 3, "eval_every": 2},
+        max_train=6,
+        max_val=3,
+        max_test=3,
+        eval_batch_size=3,
+        baseline_epochs=2,
+        llm_dtype="bfloat16",
+        gradient_checkpointing=True,
+        run_dir=tmp_path / "run",
     )
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
     base = llm[0]
