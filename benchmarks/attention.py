@@ -10,7 +10,7 @@ hits every path alike:
 
 * ``sdpa``              standard causal multi-head attention, ``scaled_dot_product_attention``
                         (FlashAttention on CUDA, PyTorch's flash kernel on the CPU);
-* ``hkt_fast``          :func:`structattn.hkt.hkt_attention` with ``impl="fast"`` (one SDPA call
+* ``hkt_sdpa``          :func:`structattn.hkt.hkt_attention` with ``impl="sdpa"`` (one SDPA call
                         on the concatenated levels);
 * ``hkt_fused_cpp``     the C++/OpenMP blockwise kernel (CPU, when it builds);
 * ``hkt_fused_triton``  the Triton blockwise kernel (CUDA, when Triton is installed);
@@ -113,9 +113,9 @@ def _fused_paths(device: str) -> list[str]:
 
 def _auto_choice(device: str) -> str:
     """Which implementation ``impl="auto"`` resolves to on this device (no dropout)."""
-    from structattn.hkt.cpu_kernel import cpu_kernel
+    from structattn.hkt import resolve_impl
 
-    return "fused_cpp" if device == "cpu" and cpu_kernel() is not None else "fast"
+    return resolve_impl("auto", device)
 
 
 def _make_case(B, H, T, d, n_levels, stride, seed, device="cpu", dtype=torch.float32):
@@ -143,7 +143,7 @@ def _make_case(B, H, T, d, n_levels, stride, seed, device="cpu", dtype=torch.flo
         return run
 
     paths = {"sdpa": sdpa}
-    for impl in ("fast", "fused_cpp", "fused_triton", "fused_torch", "reference"):
+    for impl in ("sdpa", "fused_cpp", "fused_triton", "fused_torch", "reference"):
         paths["hkt_ref" if impl == "reference" else f"hkt_{impl}"] = hkt(impl)
     return leaves, paths
 
@@ -185,7 +185,7 @@ def _peak_bytes(fn, leaves, device: str = "cpu") -> int:
 
 PATH_LABELS = {
     "sdpa": "SDPA",
-    "hkt_fast": "fast",
+    "hkt_sdpa": "HKT sdpa path",
     "hkt_fused_cpp": "fused C++",
     "hkt_fused_triton": "fused Triton",
     "hkt_fused_torch": "fused tile loop",
@@ -205,7 +205,7 @@ def run(args: Args) -> dict:
         leaves, paths = _make_case(
             args.batch, args.heads, T, d, L, args.stride, args.seed, args.device, dtype
         )
-        names = ["sdpa", "hkt_fast"] + [f"hkt_{impl}" for impl in fused]
+        names = ["sdpa", "hkt_sdpa"] + [f"hkt_{impl}" for impl in fused]
         names += ["hkt_fused_torch"] if T <= args.tile_loop_max_len else []
         names += ["hkt_ref"] if T <= args.reference_max_len else []
         times = {name: [] for name in names}
@@ -280,7 +280,7 @@ def to_markdown(result: dict) -> str:
         + " | ".join(f"{PATH_LABELS[n]} / SDPA" for n in hkt)
         + " | SDPA MiB | "
         + " | ".join(f"{PATH_LABELS[n]} MiB" for n in hkt)
-        + " | paper FLOP ratio | fused FLOP floor | fast FLOP ratio |",
+        + " | paper FLOP ratio | fused FLOP floor | sdpa-path FLOP ratio |",
         "|" + "---:|" * (5 + 2 * len(hkt) + 3),
     ]
     for r in result["rows"]:
@@ -318,7 +318,7 @@ def plot(result: dict, path: Path) -> None:
     rows = result["rows"]
     dims = sorted({r["d"] for r in rows})
     fig, axes = plt.subplots(1, len(dims), figsize=(5 * len(dims), 4), squeeze=False)
-    styles = {"hkt_fast": "o-", "hkt_fused_cpp": "s-", "hkt_fused_triton": "s-",
+    styles = {"hkt_sdpa": "o-", "hkt_fused_cpp": "s-", "hkt_fused_triton": "s-",
               "hkt_fused_torch": "^:", "hkt_ref": "x:"}  # fmt: skip
     for ax, d in zip(axes[0], dims):
         for L in sorted({r["L"] for r in rows}):

@@ -40,17 +40,17 @@ def test_tiny_benchmark_writes_outputs(tmp_path, capsys):
     ]
     bench.main(argv)
     out = capsys.readouterr().out
-    assert "fast / SDPA" in out
+    assert "HKT sdpa path / SDPA" in out
     data = json.loads((tmp_path / "attention.json").read_text())
     rows = data["rows"]
     assert [(r["T"], r["L"]) for r in rows] == [(64, 1), (64, 3), (96, 1), (96, 3)]
     for r in rows:  # every ratio column is its time over SDPA's time in the same row
         for key in [k for k in r if k.endswith("_ratio") and f"{k[:-6]}_ms" in r]:
             assert r[key] == pytest.approx(r[f"{key[:-6]}_ms"] / r["sdpa_ms"]), key
-        assert r["hkt_fast_ms"] > 0 and r["sdpa_ms"] > 0
+        assert r["hkt_sdpa_ms"] > 0 and r["sdpa_ms"] > 0
     assert "hkt_ref_ms" in rows[0] and "hkt_ref_ms" not in rows[2]  # reference capped at T=64
     # The materialised reference allocates more than the O(T) fast path.
-    assert rows[1]["hkt_ref_peak_mib"] > rows[1]["hkt_fast_peak_mib"]
+    assert rows[1]["hkt_ref_peak_mib"] > rows[1]["hkt_sdpa_peak_mib"]
     # Every exact O(T) path is a column; the tile loop and the reference are capped by T.
     from structattn.hkt.cpu_kernel import cpu_kernel
 

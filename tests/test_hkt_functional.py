@@ -16,7 +16,7 @@ from structattn.hkt.cpu_kernel import cpu_kernel
 LENGTHS = (1, 2, 37, 97, 1025)
 #: the exact O(T)-memory paths checked against the reference on every CPU test below (the Triton
 #: kernel runs in Triton's interpreter in test_hkt_kernels.py)
-EXACT = ("fast", "fused_torch", "fused_cpp")
+EXACT = ("sdpa", "fused_torch", "fused_cpp")
 
 
 def require(impl):
@@ -270,3 +270,107 @@ def test_cost_model():
     assert exact.paper_score_ratio == pytest.approx((25 + 9) / 25)
     assert exact.mha_flops == 4 * 25 * 8
     assert math.isclose(hkt_cost(3, 2, seq_len=4096).paper_score_ratio, 1.3125)
+
+
+# ---------------------------------------------------------------------- odd input, every impl
+
+ALL = ("reference", *EXACT)
+
+
+def _same_as_reference(outs):
+    ref = outs["reference"]
+    for impl, out in outs.items():
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), impl
+        finite = ~torch.isnan(ref)
+        torch.testing.assert_close(out[finite], ref[finite], rtol=1e-10, atol=1e-10, msg=impl)
+
+
+@pytest.mark.parametrize("where", ["query", "key", "value", "coarse_key"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_nan_input_gives_the_reference_nans_on_every_path(where, causal):
+    q, k, v, theta, _ = make_inputs(37, 3, 2)
+    lam = torch.softmax(theta, -1)
+    target = {"query": q[0], "key": k[0], "value": v, "coarse_key": k[1]}[where]
+    target[0, 1, 9, 0] = math.nan
+    outs = {
+        impl: hkt_attention(q, k, v, lam, causal=causal, impl=impl)
+        for impl in ("reference", *available(EXACT))
+    }
+    assert torch.isnan(outs["reference"]).any() and not torch.isnan(outs["reference"]).all()
+    _same_as_reference(outs)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_level_weights_give_the_reference_nans_on_every_path(bad):
+    """A diverged run's weights: no error (the loss reports it), NaN outputs on every path
+    (the C++ kernel alone returned finite, wrong values)."""
+    q, k, v, theta, _ = make_inputs(21, 3, 2)
+    lam = torch.softmax(theta, -1)
+    lam[0, 1] = bad
+    impls = ("reference", *available(EXACT))
+    outs = {impl: hkt_attention(q, k, v, lam, impl=impl) for impl in impls}
+    assert torch.isnan(outs["reference"][:, 0]).all()  # head 0 is NaN throughout
+    _same_as_reference(outs)
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_integer_inputs_are_errors(impl):
+    q, k, v, theta, _ = make_inputs(9, 2, 2)
+    lam = torch.softmax(theta, -1)
+    as_int = lambda xs: [x.long() for x in xs]  # noqa: E731
+    with pytest.raises(ValueError, match="floating-point"):
+        hkt_attention(as_int(q), as_int(k), v.long(), lam, impl=impl)
+
+
+@pytest.mark.parametrize("impl", ALL)
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"causal": "no"}, "causal must be True or False"),
+        ({"stride": 2.0}, "stride must be an integer"),
+        ({"stride": True}, "stride must be an integer"),
+    ],
+)
+def test_bad_flags_are_clear_errors(impl, kwargs, match):
+    q, k, v, theta, _ = make_inputs(8, 1, 2)
+    with pytest.raises(ValueError, match=match):
+        hkt_attention(q, k, v, torch.softmax(theta, -1), impl=impl, **kwargs)
+
+
+@pytest.mark.parametrize("stride, T, n_levels", [(100, 128, 3), (1000, 50, 3), (7, 30, 4)])
+def test_strides_longer_than_the_sequence_stay_exact_and_small(stride, T, n_levels):
+    """Coarse levels of one token cannot change the softmax: the blockwise kernels drop them
+    (tiles stay ~T instead of stride^(L-1)) and still give their exact zero gradients."""
+    q, k, v, theta, mask = make_inputs(T, n_levels, stride, padded=True)
+    lam = torch.softmax(theta, -1)
+    for t in (*q, *k, v, lam):
+        t.requires_grad_(True)
+    ref = hkt_attention(q, k, v, lam, stride=stride, key_padding_mask=mask, impl="reference")
+    g_ref = _grads(ref, [*q, *k, v, lam])
+    for impl in available(EXACT):
+        out = hkt_attention(q, k, v, lam, stride=stride, key_padding_mask=mask, impl=impl)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        for a, b in zip(_grads(out, [*q, *k, v, lam]), g_ref):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_the_blockwise_tile_never_exceeds_the_sequence_for_long_strides():
+    from structattn.hkt.blockwise import effective_levels, round_tile
+
+    assert effective_levels(128, 3, 100) == 2 and round_tile(128, 2, 100) == 200
+    assert effective_levels(50, 3, 1000) == 1 and round_tile(50, 1, 1000) == 50
+    assert effective_levels(4096, 3, 2) == 3
+
+
+def test_fast_is_a_deprecated_name_of_sdpa():
+    q, k, v, theta, _ = make_inputs(20, 3, 2)
+    lam = torch.softmax(theta, -1)
+    with pytest.warns(DeprecationWarning, match="impl='sdpa'"):
+        old = hkt_attention(q, k, v, lam, impl="fast")
+    assert torch.equal(old, hkt_attention(q, k, v, lam, impl="sdpa"))
+
+
+def test_default_impl_is_auto():
+    import inspect
+
+    assert inspect.signature(hkt_attention).parameters["impl"].default == "auto"

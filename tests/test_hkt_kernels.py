@@ -79,7 +79,7 @@ def test_cpp_float32_matches_float64_reference(T, n_levels, stride, causal):
 
     args = ([low(x) for x in q], [low(x) for x in k], low(v), low(theta), mask, stride, causal)
     out, grads = _run(ck.cpp_hkt_attention, *args, tile_q=32, tile_k=64)
-    fast_out, fast_grads = _run(ATTENTION_IMPLS["fast"], *args)
+    fast_out, fast_grads = _run(ATTENTION_IMPLS["sdpa"], *args)
     assert out.dtype == torch.float32
 
     def err(a, b):
@@ -168,7 +168,7 @@ def test_without_compiler_fused_and_auto_fall_back_with_one_warning(no_kernel):
         warnings.simplefilter("error")  # the warning is said once, not per call
         auto = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="auto")
         torch_loop = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="fused_torch")
-        fast = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="fast")
+        fast = hkt_attention(q, k, v, lam, key_padding_mask=mask, impl="sdpa")
     assert torch.equal(fused, torch_loop)
     assert torch.equal(auto, fast)
     with pytest.raises(RuntimeError, match="C\\+\\+ HKT kernel is unavailable: no C\\+\\+"):
@@ -186,7 +186,7 @@ def test_auto_and_fused_pick_the_cpp_kernel_on_cpu(monkeypatch):
 
     import structattn.hkt.functional as fn
 
-    monkeypatch.setattr(fn, "cpp_hkt_attention", spy)
+    monkeypatch.setitem(fn.ATTENTION_IMPLS, "fused_cpp", spy)
     q, k, v, theta, _ = make_inputs(20, 3, 2)
     lam = torch.softmax(theta, -1)
     ref = hkt_attention(q, k, v, lam, impl="reference")

@@ -10,6 +10,7 @@ from .functional import (
     hkt_scores,
     level_lengths,
     masked_sdpa,
+    resolve_impl,
     upsample_levels,
 )
 from .model import (
@@ -37,5 +38,6 @@ __all__ = [
     "hkt_scores",
     "level_lengths",
     "masked_sdpa",
+    "resolve_impl",
     "upsample_levels",
 ]

@@ -39,7 +39,7 @@ class HKTConfig:
     stride: int = 2  # length ratio s >= 2 between consecutive levels
     causal: bool = True  # causal (decoder) or bidirectional (encoder) attention
     hybrid: bool = True  # Y = beta*attention + (1-beta)*causal conv; False: attention only
-    impl: str = "auto"  # any key of ATTENTION_IMPLS: "auto" (fastest exact path), "fast", ...
+    impl: str = "auto"  # any key of ATTENTION_IMPLS: "auto" (fastest exact path), "sdpa", ...
     downsample_kernel: int = 3  # kernel of the causal depthwise conv between levels
     conv_kernel: int = 3  # kernel of the hybrid head's causal depthwise conv over V
     beta_init: float = 0.9  # initial beta of the hybrid head (fraction of attention)
@@ -61,8 +61,12 @@ class HKTConfig:
             )
         if self.n_levels < 1:
             raise ValueError(f"n_levels must be >= 1, got {self.n_levels}")
+        if isinstance(self.stride, bool) or not isinstance(self.stride, int):
+            raise ValueError(f"stride must be an integer >= 2, got {self.stride!r}")
         if self.stride < 2:
             raise ValueError(f"stride must be >= 2, got {self.stride}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be True or False, got {self.causal!r}")
         if self.impl not in ATTENTION_IMPLS:
             raise ValueError(f"impl must be one of {sorted(ATTENTION_IMPLS)}, got {self.impl!r}")
         if self.downsample_kernel < 1:
@@ -159,6 +163,8 @@ class HKTAttention(nn.Module):
                 f"key_padding_mask must have shape (B, T) = {(B, T)}, "
                 f"got {tuple(key_padding_mask.shape)}"
             )
+        if T == 0:  # an empty sequence: an empty output, connected to the parameters
+            return self.o_proj(self.v_proj(x))
         xs = self.levels(x)
         q = [self._heads(proj(x_l)) for proj, x_l in zip(self.q_proj, xs)]  # (B, H, T_l, d)
         k = [self._heads(proj(x_l)) for proj, x_l in zip(self.k_proj, xs)]  # (B, H, T_l, d)

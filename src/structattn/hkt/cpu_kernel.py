@@ -22,9 +22,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from .fused import attendable_keys, round_tile
+from .blockwise import Backend, blockwise_attention, round_tile
 
-__all__ = ["cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
+__all__ = ["CPP_BACKEND", "cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
 
 _SOURCE = Path(__file__).parent / "csrc" / "hkt_cpu.cpp"
 _NAME = "structattn_hkt_cpu"
@@ -87,28 +87,31 @@ def cpu_kernel_error() -> str | None:
     return _state.get("error")  # type: ignore[return-value]
 
 
-class _CppHKT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, lam, v, key_mask, causal, stride, scale, tile_q, tile_k, *qk):
-        mod = cpu_kernel()
-        L = len(qk) // 2
-        q, k = list(qk[:L]), list(qk[L:])
-        out, lse = mod.forward(q, k, v, lam, key_mask, causal, stride, scale, tile_q, tile_k)
-        ctx.save_for_backward(lam, v, out, lse, *q, *k)
-        ctx.args = (key_mask, causal, stride, scale, tile_q, tile_k, L)
-        return out
+def _cpp_prepare(q, v, stride, tiles):
+    if v.device.type != "cpu":
+        raise RuntimeError(f"impl='fused_cpp' runs on the CPU; got tensors on {v.device}")
+    if cpu_kernel() is None:
+        raise RuntimeError(f"the C++ HKT kernel is unavailable: {cpu_kernel_error()}")
+    work = v.dtype if v.dtype in (torch.float32, torch.float64) else torch.float32
+    tile_q, tile_k = tiles if tiles is not None else (DEFAULT_TILE_Q, DEFAULT_TILE_K)
+    return work, tuple(round_tile(t, len(q), stride) for t in (tile_q, tile_k))
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        lam, v, out, lse, *qk = ctx.saved_tensors
-        key_mask, causal, stride, scale, tile_q, tile_k, L = ctx.args
-        q, k = qk[:L], qk[L:]
-        grads = cpu_kernel().backward(
-            list(q), list(k), v, lam, key_mask, causal, stride, scale, tile_q, tile_k,
-            out, lse, grad_out.contiguous(),
-        )  # fmt: skip
-        dq, dk, dv, dlam = grads[:L], grads[L : 2 * L], grads[2 * L], grads[2 * L + 1]
-        return (dlam, dv, None, None, None, None, None, None, *dq, *dk)
+
+def _cpp_forward(q, k, v, lam, key_mask, causal, stride, scale, tiles):
+    return tuple(cpu_kernel().forward(q, k, v, lam, key_mask, causal, stride, scale, *tiles))
+
+
+def _cpp_backward(q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse, grad_out):
+    L = len(q)
+    grads = cpu_kernel().backward(
+        q, k, v, lam, key_mask, causal, stride, scale, *tiles, out, lse, grad_out
+    )
+    return grads[:L], grads[L : 2 * L], grads[2 * L], grads[2 * L + 1]
+
+
+#: The C++/OpenMP kernel as a blockwise backend. It computes in float32 or float64; other
+#: floating dtypes are computed in float32 and cast back.
+CPP_BACKEND = Backend("fused_cpp", _cpp_prepare, _cpp_forward, _cpp_backward)
 
 
 def cpp_hkt_attention(
@@ -131,18 +134,16 @@ def cpp_hkt_attention(
             inputs are not on the CPU.
         ValueError: for ``dropout_p > 0`` (not implemented by the fused kernels).
     """
-    if dropout_p > 0:
-        raise ValueError("impl='fused_cpp' does not implement attention dropout; use impl='fast'")
-    if v.device.type != "cpu":
-        raise RuntimeError(f"impl='fused_cpp' runs on the CPU; got tensors on {v.device}")
-    if cpu_kernel() is None:
-        raise RuntimeError(f"the C++ HKT kernel is unavailable: {cpu_kernel_error()}")
-    dtype = v.dtype
-    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-    tq, tk = (round_tile(t, len(q), stride) for t in (tile_q, tile_k))
-    key_mask = attendable_keys(key_padding_mask)
-    qk = [x.to(work).contiguous() for x in (*q, *k)]
-    out = _CppHKT.apply(
-        lam.to(work), v.to(work).contiguous(), key_mask, causal, stride, float(scale), tq, tk, *qk
+    return blockwise_attention(
+        CPP_BACKEND,
+        q,
+        k,
+        v,
+        lam,
+        stride,
+        causal,
+        key_padding_mask,
+        scale,
+        dropout_p,
+        (tile_q, tile_k),
     )
-    return out.to(dtype)

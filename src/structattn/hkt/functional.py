@@ -29,6 +29,7 @@ never attended to and the outputs at padded query positions are exactly 0.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -36,13 +37,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .blockwise import attendable_keys
 from .cpu_kernel import cpp_hkt_attention, cpu_kernel
-from .fused import attendable_keys, fused_hkt_attention
+from .fused import fused_hkt_attention
 from .triton_kernel import triton_available, triton_hkt_attention
 
 __all__ = [
     "ATTENTION_IMPLS",
     "HKTCost",
+    "resolve_impl",
     "hkt_attention",
     "hkt_cost",
     "hkt_scores",
@@ -88,8 +91,10 @@ def _validate(
     level_weights: Tensor,
     stride: int,
     key_padding_mask: Tensor | None,
+    causal: bool = True,
 ) -> Tensor:
-    """Check shapes and values; return the level weights as ``(H, L)`` in the dtype of ``q``."""
+    """Check types, shapes and values in front of every implementation; return the level
+    weights as ``(H, L)`` in the dtype of ``v``."""
     if isinstance(q, Tensor) or isinstance(k, Tensor):
         raise ValueError("q and k must be sequences of per-level tensors (a list of L tensors)")
     q, k = list(q), list(k)
@@ -98,10 +103,16 @@ def _validate(
         raise ValueError("q must hold at least one level (got an empty sequence)")
     if len(k) != n_levels:
         raise ValueError(f"q has {n_levels} levels but k has {len(k)}")
+    if isinstance(stride, bool) or not isinstance(stride, int):
+        raise ValueError(f"stride must be an integer >= 2, got {stride!r}")
     if stride < 2:
         raise ValueError(f"stride must be >= 2, got {stride}")
-    if v.dim() != 4:
-        raise ValueError(f"v must have shape (B, H, T, d_v), got {tuple(v.shape)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(v, Tensor) or v.dim() != 4:
+        raise ValueError(f"v must have shape (B, H, T, d_v), got {getattr(v, 'shape', v)!r}")
+    if not torch.is_floating_point(v):
+        raise ValueError(f"q, k and v must be floating-point tensors, got {v.dtype}")
     B, H, T, _ = v.shape
     if T < 1:
         raise ValueError("sequence length T must be >= 1")
@@ -128,7 +139,9 @@ def _validate(
             f"level_weights must have shape (L,) = ({n_levels},) or (H, L) = ({H}, {n_levels}), "
             f"got {tuple(level_weights.shape)}"
         )
-    if not torch.compiler.is_compiling():
+    # Non-finite weights (a training run diverging) are let through: every path then gives the
+    # reference's NaN outputs, and the loss says so.
+    if not torch.compiler.is_compiling() and bool(torch.isfinite(lam).all()):
         if bool((lam < 0).any()):
             raise ValueError("level_weights must be non-negative (they are convex weights)")
         tol = max(1e-6, 2 * n_levels * torch.finfo(lam.dtype).eps)
@@ -257,7 +270,7 @@ def _pad_last(x: Tensor, width: int) -> Tensor:
     return x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1]))
 
 
-def _attention_fast(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
+def _attention_sdpa(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
     B, H, T, d_v = v.shape
     n_levels = len(q)
     d = q[0].shape[-1]
@@ -285,44 +298,62 @@ def _attention_fast(q, k, v, lam, stride, causal, key_padding_mask, scale, dropo
 
 AttentionFn = Callable[..., Tensor]
 
-
-def _attention_fused(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
-    """The fastest exact fused backend on the device: the C++ kernel on the CPU when it builds
-    (else, after one warning, the PyTorch tile loop), the Triton kernel on CUDA when Triton is
-    installed (else the tile loop)."""
-    if v.device.type == "cpu" and cpu_kernel() is not None:
-        fn = cpp_hkt_attention
-    elif v.device.type == "cuda" and triton_available():
-        fn = triton_hkt_attention
-    else:
-        fn = fused_hkt_attention
-    return fn(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p)
-
-
-def _attention_auto(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
-    """The fastest exact path measured for the device (``benchmarks/attention.py``): the C++
-    fused kernel on the CPU (1.1-1.3x SDPA at T=4096, L=3, against 2.3-2.9x for ``fast``), the
-    SDPA fast path elsewhere and whenever attention dropout is on or the kernel cannot build."""
-    if dropout_p == 0 and v.device.type == "cpu" and cpu_kernel() is not None:
-        fn = cpp_hkt_attention
-    else:
-        fn = _attention_fast
-    return fn(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p)
-
+#: The blockwise kernels, by implementation name.
+BLOCKWISE = {
+    "fused_torch": fused_hkt_attention,
+    "fused_cpp": cpp_hkt_attention,
+    "fused_triton": triton_hkt_attention,
+}
 
 #: Registered implementations of HKT attention, by name. Every entry takes
 #: ``(q, k, v, lam(H, L), stride, causal, key_padding_mask, scale, dropout_p)`` after validation
 #: and returns ``(B, H, T, d_v)``; padded query rows are zeroed by :func:`hkt_attention`.
-#: All are exact; ``reference`` is the only one that materialises ``T x T``.
-ATTENTION_IMPLS: dict[str, AttentionFn] = {
+#: All are exact; ``reference`` is the only one that materialises ``T x T``. ``fused`` and
+#: ``auto`` are resolved by :func:`resolve_impl`; ``fast`` is the old name of ``sdpa``.
+ATTENTION_IMPLS: dict[str, AttentionFn | None] = {
     "reference": _attention_reference,
-    "fast": _attention_fast,
-    "fused_torch": fused_hkt_attention,
-    "fused_cpp": cpp_hkt_attention,
-    "fused_triton": triton_hkt_attention,
-    "fused": _attention_fused,
-    "auto": _attention_auto,
+    "sdpa": _attention_sdpa,
+    **BLOCKWISE,
+    "fused": None,
+    "auto": None,
+    "fast": None,
 }
+
+
+def resolve_impl(impl: str, device: torch.device | str, dropout_p: float = 0.0) -> str:
+    """The implementation that ``impl`` runs on ``device``: the one backend selector.
+
+    ``fused``: the device's blockwise kernel (C++ on the CPU when it builds, Triton on CUDA when
+    installed, else the PyTorch tile loop). ``auto``: the fastest exact path measured for the
+    device (``benchmarks/attention.py``): the C++ kernel on the CPU, ``sdpa`` elsewhere and
+    whenever attention dropout is on or the kernel cannot build. ``fast``: ``sdpa``
+    (deprecated name)."""
+    device = torch.device(device).type
+    if impl == "fast":
+        warnings.warn(
+            "impl='fast' is now called impl='sdpa' (the SDPA path); 'fast' will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return "sdpa"
+    if impl == "fused":
+        if device == "cpu" and cpu_kernel() is not None:
+            return "fused_cpp"
+        if device == "cuda" and triton_available():
+            return "fused_triton"
+        return "fused_torch"
+    if impl == "auto":
+        if dropout_p == 0 and device == "cpu" and cpu_kernel() is not None:
+            return "fused_cpp"
+        return "sdpa"
+    return impl
+
+
+def _all_finite(tensors: Sequence[Tensor]) -> bool:
+    """One reduction per tensor: False when any holds NaN or +-inf (or sums overflow, which
+    only costs the slower exact path)."""
+    total = torch.stack([t.detach().sum(dtype=torch.float64) for t in tensors]).sum()
+    return bool(torch.isfinite(total))
 
 
 def hkt_attention(
@@ -335,7 +366,7 @@ def hkt_attention(
     causal: bool = True,
     key_padding_mask: Tensor | None = None,
     scale: float | None = None,
-    impl: str = "fast",
+    impl: str = "auto",
     dropout_p: float = 0.0,
 ) -> Tensor:
     """Hierarchical kernel attention over ``L`` resolution levels.
@@ -345,34 +376,44 @@ def hkt_attention(
         k: ``L`` key tensors, same shapes as ``q``.
         v: values at full resolution, ``(B, H, T, d_v)``.
         level_weights: convex level weights ``(H, L)`` (per head) or ``(L,)`` (shared):
-            non-negative, rows summing to 1.
-        stride: ``s >= 2``, the length ratio between consecutive levels (default 2).
-        causal: causal (default) or bidirectional attention.
+            non-negative, rows summing to 1 (NaN weights give NaN outputs, as in the
+            reference).
+        stride: ``s >= 2``, an integer, the length ratio between consecutive levels.
+        causal: causal (default) or bidirectional attention (a bool).
         key_padding_mask: ``(B, T)`` bool, True = real token (default None: no padding).
             Outputs at padded positions are 0.
         scale: score scale, default ``1 / sqrt(d)``.
         impl: which exact implementation (all O(T) memory except ``"reference"``):
-            ``"fast"`` (default; one SDPA call on the concatenated levels), ``"auto"`` (the
-            fastest measured path on the device), ``"fused"`` (the best blockwise kernel on the
-            device), ``"fused_cpp"`` (C++/OpenMP CPU kernel, built on first use),
-            ``"fused_triton"`` (Triton, CUDA or ``TRITON_INTERPRET=1``), ``"fused_torch"`` (the
-            PyTorch tile loop) or ``"reference"`` (materialised ``T x T``). The fused kernels
-            do not implement ``dropout_p``.
+            ``"auto"`` (default: the fastest measured path on the device), ``"sdpa"`` (one SDPA
+            call on the concatenated levels; ``"fast"`` is its deprecated name), ``"fused"``
+            (the best blockwise kernel on the device), ``"fused_cpp"`` (C++/OpenMP CPU kernel,
+            built on first use), ``"fused_triton"`` (Triton, CUDA or ``TRITON_INTERPRET=1``),
+            ``"fused_torch"`` (the PyTorch tile loop) or ``"reference"`` (materialised
+            ``T x T``). The blockwise kernels do not implement ``dropout_p``.
         dropout_p: dropout on the attention probabilities (default 0).
+
+    Every implementation gives the reference's answer on odd input too: NaN or infinity in
+    ``q``, ``k`` or ``v`` reaches the same outputs as in the reference (the blockwise kernels
+    hand such inputs to the ``sdpa`` path, which propagates them like the reference does).
 
     Returns:
         ``(B, H, T, d_v)``.
 
     Raises:
-        ValueError: on mismatched level counts or lengths, level weights that are negative or do
-            not sum to 1, a mask of the wrong shape or dtype, or an unknown ``impl``.
+        ValueError: on mismatched level counts or lengths, non-floating inputs, finite level
+            weights that are negative or do not sum to 1, a stride that is not an integer
+            >= 2, a ``causal`` that is not a bool, a mask of the wrong shape or dtype, or an
+            unknown ``impl``.
     """
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"impl must be one of {sorted(ATTENTION_IMPLS)}, got {impl!r}")
-    lam = _validate(q, k, v, level_weights, stride, key_padding_mask)
+    lam = _validate(q, k, v, level_weights, stride, key_padding_mask, causal)
     if scale is None:
         scale = 1.0 / math.sqrt(q[0].shape[-1])
-    out = ATTENTION_IMPLS[impl](
+    name = resolve_impl(impl, v.device, dropout_p)
+    if name in BLOCKWISE and not _all_finite([*q, *k, v, lam]):
+        name = "sdpa"  # the kernels' online softmax would drop NaN keys and zero NaN rows
+    out = ATTENTION_IMPLS[name](
         list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p
     )
     if key_padding_mask is not None:

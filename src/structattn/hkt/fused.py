@@ -4,8 +4,9 @@ For a query tile and a key tile the fused scores are the fine scores plus, for e
 level ``l``, the tile's coarse scores ``lambda_l Q^l K^l^T`` (computed at coarse resolution, a
 ``1/s^(2l)`` share of the work) broadcast over their ``s^l x s^l`` blocks. Softmax is taken
 online (running max and sum), ``A V`` uses the unpadded ``V``, and the backward pass recomputes
-each tile from the saved log-sum-exp (a custom ``torch.autograd.Function``): the gradient of a
-coarse score is the block sum of the fine score gradient. Memory is O(T) plus one tile.
+each tile from the saved log-sum-exp (:mod:`.blockwise` holds the autograd Function): the
+gradient of a coarse score is the block sum of the fine score gradient. Memory is O(T) plus one
+tile.
 
 Shapes as in :mod:`structattn.hkt.functional`. Tiles are multiples of ``s^(L-1)`` so coarse
 blocks never straddle a tile boundary. This readable tile loop (``impl="fused_torch"``, batched
@@ -20,7 +21,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["fused_hkt_attention"]
+from .blockwise import Backend, blockwise_attention, round_tile
+
+__all__ = ["TORCH_BACKEND", "fused_hkt_attention"]
 
 DEFAULT_TILE = 256
 
@@ -28,21 +31,6 @@ DEFAULT_TILE = 256
 def _acc_dtype(x: Tensor) -> torch.dtype:
     """float64 stays float64; everything else accumulates in float32."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def round_tile(tile: int, n_levels: int, stride: int) -> int:
-    """``tile`` rounded up to a positive multiple of ``stride^(L-1)``, so that no coarse block
-    straddles two tiles (shared by the blockwise implementations)."""
-    block = stride ** (n_levels - 1)
-    return max(block, (tile + block - 1) // block * block)
-
-
-def attendable_keys(key_padding_mask: Tensor | None) -> Tensor | None:
-    """The keys a query may attend: the real ones, or every key of a sequence without a real
-    token (its softmax stays finite and its outputs are zeroed by the caller)."""
-    if key_padding_mask is None:
-        return None
-    return (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
 
 
 def _tile_size(T: int, n_levels: int, stride: int, tile: int) -> int:
@@ -102,102 +90,94 @@ def _tile_mask(i0, i1, j0, j1, causal, key_mask, device):
     return allowed
 
 
-class _FusedHKT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, lam, v, key_mask, causal, stride, scale, tile, *qk):
-        L = len(qk) // 2
-        q, k = list(qk[:L]), list(qk[L:])
-        B, H, T, dv = v.shape
-        acc_dtype = _acc_dtype(v)
-        out = torch.zeros_like(v)
-        lse = torch.empty(B, H, T, dtype=acc_dtype, device=v.device)
-        for i0 in range(0, T, tile):
-            i1 = min(i0 + tile, T)
-            m = torch.full((B, H, i1 - i0, 1), -math.inf, dtype=acc_dtype, device=v.device)
-            denom = torch.zeros_like(m)
-            acc = torch.zeros(B, H, i1 - i0, dv, dtype=acc_dtype, device=v.device)
-            for j0 in range(0, i1 if causal else T, tile):
-                j1 = min(j0 + tile, T)
-                s, _, _ = _tile_scores(q, k, lam, scale, i0, i1, j0, j1, stride)
-                s = s.to(acc_dtype)
-                allowed = _tile_mask(i0, i1, j0, j1, causal, key_mask, v.device)
-                if allowed is not None:
-                    s = s.masked_fill(~allowed, -math.inf)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-                p = torch.exp(s - safe)
-                corr = torch.exp(m - safe)
-                denom = denom * corr + p.sum(-1, keepdim=True)
-                acc = acc * corr + p @ v[:, :, j0:j1].to(acc_dtype)
-                m = m_new
-            out[:, :, i0:i1] = (acc / denom.clamp_min(1e-30)).to(v.dtype)
-            row_lse = m + denom.clamp_min(1e-30).log()
-            # rows with no admissible key (padded queries): +inf makes their recomputed P zero
-            lse[:, :, i0:i1] = torch.where(denom > 0, row_lse, math.inf).squeeze(-1)
-        ctx.save_for_backward(lam, v, out, lse, *q, *k)
-        ctx.key_mask, ctx.causal, ctx.stride, ctx.scale, ctx.tile, ctx.L = (
-            key_mask,
-            causal,
-            stride,
-            scale,
-            tile,
-            L,
-        )
-        return out
+def _torch_prepare(q, v, stride, tile):
+    tile = DEFAULT_TILE if tile is None else tile
+    return v.dtype, _tile_size(v.shape[-2], len(q), stride, tile)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        lam, v, out, lse, *qk = ctx.saved_tensors
-        L, stride, scale, tile, causal = ctx.L, ctx.stride, ctx.scale, ctx.tile, ctx.causal
-        q, k = qk[:L], qk[L:]
-        B, H, T, _ = v.shape
-        acc = _acc_dtype(v)
-        dq = [torch.zeros_like(x, dtype=acc) for x in q]
-        dk = [torch.zeros_like(x, dtype=acc) for x in k]
-        dv = torch.zeros_like(v, dtype=acc)
-        dlam = torch.zeros(H, L, dtype=acc, device=v.device)
-        go = grad_out.to(acc)
-        delta = (go * out.to(acc)).sum(-1, keepdim=True)  # (B, H, T, 1)
-        for i0 in range(0, T, tile):
-            i1 = min(i0 + tile, T)
-            for j0 in range(0, i1 if causal else T, tile):
-                j1 = min(j0 + tile, T)
-                s, fine, coarse = _tile_scores(q, k, lam, scale, i0, i1, j0, j1, stride)
-                s = s.to(acc)
-                allowed = _tile_mask(i0, i1, j0, j1, causal, ctx.key_mask, v.device)
-                if allowed is not None:
-                    s = s.masked_fill(~allowed, -math.inf)
-                p = torch.exp(s - lse[:, :, i0:i1, None])  # (B, H, ni, nj)
-                dv[:, :, j0:j1] += p.transpose(-1, -2) @ go[:, :, i0:i1]
-                dp = go[:, :, i0:i1] @ v[:, :, j0:j1].to(acc).transpose(-1, -2)
-                ds = p * (dp - delta[:, :, i0:i1])  # d(loss)/d(fused score)
-                dlam[:, 0] += (ds * fine.to(acc)).sum((0, 2, 3))
-                ds0 = ds * lam[:, 0].view(1, -1, 1, 1).to(acc) * scale
-                dq[0][:, :, i0:i1] += ds0 @ k[0][:, :, j0:j1].to(acc)
-                dk[0][:, :, j0:j1] += ds0.transpose(-1, -2) @ q[0][:, :, i0:i1].to(acc)
-                for l in range(1, L):
-                    f = stride**l
-                    c = coarse[l - 1]
-                    dc = _block_sum(ds, f, c.shape[-2], c.shape[-1])  # d/d(coarse score)
-                    dlam[:, l] += (dc * c.to(acc)).sum((0, 2, 3))
-                    dc = dc * lam[:, l].view(1, -1, 1, 1).to(acc) * scale
-                    ri = slice(i0 // f, i0 // f + c.shape[-2])
-                    rj = slice(j0 // f, j0 // f + c.shape[-1])
-                    dq[l][:, :, ri] += dc @ k[l][:, :, rj].to(acc)
-                    dk[l][:, :, rj] += dc.transpose(-1, -2) @ q[l][:, :, ri].to(acc)
-        dq = [g.to(x.dtype) for g, x in zip(dq, q)]
-        dk = [g.to(x.dtype) for g, x in zip(dk, k)]
-        return (dlam.to(lam.dtype), dv.to(v.dtype), None, None, None, None, None, *dq, *dk)
+
+def _torch_forward(q, k, v, lam, key_mask, causal, stride, scale, tile):
+    """Online softmax over (query tile, key tile) pairs; returns ``(out, lse)``."""
+    B, H, T, dv = v.shape
+    acc_dtype = _acc_dtype(v)
+    out = torch.zeros_like(v)
+    lse = torch.empty(B, H, T, dtype=acc_dtype, device=v.device)
+    for i0 in range(0, T, tile):
+        i1 = min(i0 + tile, T)
+        m = torch.full((B, H, i1 - i0, 1), -math.inf, dtype=acc_dtype, device=v.device)
+        denom = torch.zeros_like(m)
+        acc = torch.zeros(B, H, i1 - i0, dv, dtype=acc_dtype, device=v.device)
+        for j0 in range(0, i1 if causal else T, tile):
+            j1 = min(j0 + tile, T)
+            s, _, _ = _tile_scores(q, k, lam, scale, i0, i1, j0, j1, stride)
+            s = s.to(acc_dtype)
+            allowed = _tile_mask(i0, i1, j0, j1, causal, key_mask, v.device)
+            if allowed is not None:
+                s = s.masked_fill(~allowed, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - safe)
+            corr = torch.exp(m - safe)
+            denom = denom * corr + p.sum(-1, keepdim=True)
+            acc = acc * corr + p @ v[:, :, j0:j1].to(acc_dtype)
+            m = m_new
+        out[:, :, i0:i1] = (acc / denom.clamp_min(1e-30)).to(v.dtype)
+        row_lse = m + denom.clamp_min(1e-30).log()
+        # rows with no admissible key (padded queries): +inf makes their recomputed P zero
+        lse[:, :, i0:i1] = torch.where(denom > 0, row_lse, math.inf).squeeze(-1)
+    return out, lse
+
+
+def _torch_backward(q, k, v, lam, key_mask, causal, stride, scale, tile, out, lse, grad_out):
+    """Recomputes each tile's probabilities from ``lse``; returns ``(dq, dk, dv, dlam)``."""
+    L = len(q)
+    B, H, T, _ = v.shape
+    acc = _acc_dtype(v)
+    dq = [torch.zeros_like(x, dtype=acc) for x in q]
+    dk = [torch.zeros_like(x, dtype=acc) for x in k]
+    dv = torch.zeros_like(v, dtype=acc)
+    dlam = torch.zeros(H, L, dtype=acc, device=v.device)
+    go = grad_out.to(acc)
+    delta = (go * out.to(acc)).sum(-1, keepdim=True)  # (B, H, T, 1)
+    for i0 in range(0, T, tile):
+        i1 = min(i0 + tile, T)
+        for j0 in range(0, i1 if causal else T, tile):
+            j1 = min(j0 + tile, T)
+            s, fine, coarse = _tile_scores(q, k, lam, scale, i0, i1, j0, j1, stride)
+            s = s.to(acc)
+            allowed = _tile_mask(i0, i1, j0, j1, causal, key_mask, v.device)
+            if allowed is not None:
+                s = s.masked_fill(~allowed, -math.inf)
+            p = torch.exp(s - lse[:, :, i0:i1, None])  # (B, H, ni, nj)
+            dv[:, :, j0:j1] += p.transpose(-1, -2) @ go[:, :, i0:i1]
+            dp = go[:, :, i0:i1] @ v[:, :, j0:j1].to(acc).transpose(-1, -2)
+            ds = p * (dp - delta[:, :, i0:i1])  # d(loss)/d(fused score)
+            dlam[:, 0] += (ds * fine.to(acc)).sum((0, 2, 3))
+            ds0 = ds * lam[:, 0].view(1, -1, 1, 1).to(acc) * scale
+            dq[0][:, :, i0:i1] += ds0 @ k[0][:, :, j0:j1].to(acc)
+            dk[0][:, :, j0:j1] += ds0.transpose(-1, -2) @ q[0][:, :, i0:i1].to(acc)
+            for l in range(1, L):
+                f = stride**l
+                c = coarse[l - 1]
+                dc = _block_sum(ds, f, c.shape[-2], c.shape[-1])  # d/d(coarse score)
+                dlam[:, l] += (dc * c.to(acc)).sum((0, 2, 3))
+                dc = dc * lam[:, l].view(1, -1, 1, 1).to(acc) * scale
+                ri = slice(i0 // f, i0 // f + c.shape[-2])
+                rj = slice(j0 // f, j0 // f + c.shape[-1])
+                dq[l][:, :, ri] += dc @ k[l][:, :, rj].to(acc)
+                dk[l][:, :, rj] += dc.transpose(-1, -2) @ q[l][:, :, ri].to(acc)
+    dq = [g.to(x.dtype) for g, x in zip(dq, q)]
+    dk = [g.to(x.dtype) for g, x in zip(dk, k)]
+    return dq, dk, dv.to(v.dtype), dlam.to(lam.dtype)
+
+
+#: The PyTorch tile loop as a blockwise backend (the readable specification of the kernels).
+TORCH_BACKEND = Backend("fused_torch", _torch_prepare, _torch_forward, _torch_backward)
 
 
 def fused_hkt_attention(
     q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p, tile: int = DEFAULT_TILE
 ):
     """Registered as ``impl="fused_torch"``; same contract as the other implementations."""
-    if dropout_p > 0:
-        raise ValueError("impl='fused_torch' does not implement attention dropout; use impl='fast'")
-    T = v.shape[-2]
-    tile = _tile_size(T, len(q), stride, tile)
-    return _FusedHKT.apply(
-        lam, v, attendable_keys(key_padding_mask), causal, stride, scale, tile, *q, *k
+    return blockwise_attention(
+        TORCH_BACKEND, q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p, tile
     )

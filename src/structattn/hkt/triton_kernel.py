@@ -15,9 +15,9 @@ import os
 import torch
 from torch import Tensor
 
-from .fused import attendable_keys
+from .blockwise import Backend, blockwise_attention
 
-__all__ = ["triton_available", "triton_hkt_attention", "triton_supports"]
+__all__ = ["TRITON_BACKEND", "triton_available", "triton_hkt_attention", "triton_supports"]
 
 MAX_LEVELS = 4
 
@@ -56,54 +56,67 @@ def _tiles(n_levels: int, stride: int, interpret: bool, block: int | None) -> in
     return block
 
 
-class _TritonHKT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, lam, v, key_mask, causal, stride, scale, block, *qk):
-        from . import _triton_hkt as K
+def _triton_prepare(q, v, stride, block):
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("impl='fused_triton' needs Triton (pip install triton)")
+    interpret = _interpreting()
+    if v.device.type != "cuda" and not interpret:
+        raise RuntimeError(
+            f"impl='fused_triton' runs on CUDA tensors (got {v.device}); on the CPU set "
+            "TRITON_INTERPRET=1 before the first call to run it in Triton's interpreter"
+        )
+    L = len(q)
+    if not triton_supports(L, stride):
+        raise ValueError(
+            f"impl='fused_triton' supports strides that are powers of two and at most "
+            f"{MAX_LEVELS} levels (got stride={stride}, L={L}); use impl='fused_torch'"
+        )
+    return v.dtype, _tiles(L, stride, interpret, block)
 
-        L = len(qk) // 2
-        q, k = list(qk[:L]), list(qk[L:])
-        B, H, T, DV = v.shape
-        meta = _meta(q, v, L, stride, causal, key_mask, block)
-        out = torch.empty_like(v)
-        lse = torch.empty(B, H, T, dtype=torch.float32 if v.dtype != torch.float64 else v.dtype,
-                          device=v.device)  # fmt: skip
-        grid = (triton_cdiv(T, block), B * H)
-        K.hkt_fwd_kernel[grid](
-            *_levels(q, k), v, lam, meta["km"], out, lse,
-            *meta["lengths"], H, meta["D"], DV, scale, **meta["const"],
-        )  # fmt: skip
-        ctx.save_for_backward(lam, v, out, lse, *q, *k)
-        ctx.args = (key_mask, causal, stride, scale, block, L)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        from . import _triton_hkt as K
+def _triton_forward(q, k, v, lam, key_mask, causal, stride, scale, block):
+    from . import _triton_hkt as K
 
-        lam, v, out, lse, *qk = ctx.saved_tensors
-        key_mask, causal, stride, scale, block, L = ctx.args
-        q, k = list(qk[:L]), list(qk[L:])
-        B, H, T, DV = v.shape
-        meta = _meta(q, v, L, stride, causal, key_mask, block)
-        grad_out = grad_out.contiguous()
-        delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (B, H, T)
-        dq = [torch.zeros_like(x) for x in q]
-        dk = [torch.zeros_like(x) for x in k]
-        dv = torch.zeros_like(v)
-        nkb = triton_cdiv(T, block)
-        dlam = torch.zeros(B * H, nkb, L, dtype=lse.dtype, device=v.device)
-        common = (*meta["lengths"], H, meta["D"], DV, scale)
-        K.hkt_bwd_dkdv_kernel[(nkb, B * H)](
-            *_levels(q, k), v, lam, meta["km"], lse, delta, grad_out,
-            *_pad4(dk), dv, dlam, *common, nkb, **meta["const"],
-        )  # fmt: skip
-        K.hkt_bwd_dq_kernel[(triton_cdiv(T, block), B * H)](
-            *_levels(q, k), v, lam, meta["km"], lse, delta, grad_out,
-            *_pad4(dq), *common, **meta["const"],
-        )  # fmt: skip
-        dlam = dlam.view(B, H, nkb, L).sum((0, 2)).to(lam.dtype)
-        return (dlam, dv, None, None, None, None, None, *dq, *dk)
+    L = len(q)
+    B, H, T, DV = v.shape
+    meta = _meta(q, v, L, stride, causal, key_mask, block)
+    out = torch.empty_like(v)
+    lse = torch.empty(B, H, T, dtype=torch.float32 if v.dtype != torch.float64 else v.dtype,
+                      device=v.device)  # fmt: skip
+    grid = (triton_cdiv(T, block), B * H)
+    K.hkt_fwd_kernel[grid](
+        *_levels(q, k), v, lam, meta["km"], out, lse,
+        *meta["lengths"], H, meta["D"], DV, scale, **meta["const"],
+    )  # fmt: skip
+    return out, lse
+
+
+def _triton_backward(q, k, v, lam, key_mask, causal, stride, scale, block, out, lse, grad_out):
+    from . import _triton_hkt as K
+
+    L = len(q)
+    B, H, T, DV = v.shape
+    meta = _meta(q, v, L, stride, causal, key_mask, block)
+    delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (B, H, T)
+    dq = [torch.zeros_like(x) for x in q]
+    dk = [torch.zeros_like(x) for x in k]
+    dv = torch.zeros_like(v)
+    nkb = triton_cdiv(T, block)
+    dlam = torch.zeros(B * H, nkb, L, dtype=lse.dtype, device=v.device)
+    common = (*meta["lengths"], H, meta["D"], DV, scale)
+    K.hkt_bwd_dkdv_kernel[(nkb, B * H)](
+        *_levels(q, k), v, lam, meta["km"], lse, delta, grad_out,
+        *_pad4(dk), dv, dlam, *common, nkb, **meta["const"],
+    )  # fmt: skip
+    K.hkt_bwd_dq_kernel[(triton_cdiv(T, block), B * H)](
+        *_levels(q, k), v, lam, meta["km"], lse, delta, grad_out,
+        *_pad4(dq), *common, **meta["const"],
+    )  # fmt: skip
+    return dq, dk, dv, dlam.view(B, H, nkb, L).sum((0, 2)).to(lam.dtype)
+
+
+#: The Triton kernels as a blockwise backend (CUDA, or Triton's interpreter on the CPU).
+TRITON_BACKEND = Backend("fused_triton", _triton_prepare, _triton_forward, _triton_backward)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -168,28 +181,6 @@ def triton_hkt_attention(
         ValueError: for ``dropout_p > 0``, a stride that is not a power of two, more than four
             levels, or a bad ``block``.
     """
-    if dropout_p > 0:
-        raise ValueError("impl='fused_triton' does not implement attention dropout")
-    if importlib.util.find_spec("triton") is None:
-        raise RuntimeError("impl='fused_triton' needs Triton (pip install triton)")
-    interpret = _interpreting()
-    if v.device.type != "cuda" and not interpret:
-        raise RuntimeError(
-            f"impl='fused_triton' runs on CUDA tensors (got {v.device}); on the CPU set "
-            "TRITON_INTERPRET=1 before the first call to run it in Triton's interpreter"
-        )
-    L = len(q)
-    if not triton_supports(L, stride):
-        raise ValueError(
-            f"impl='fused_triton' supports strides that are powers of two and at most "
-            f"{MAX_LEVELS} levels (got stride={stride}, L={L}); use impl='fused_torch'"
-        )
-    block = _tiles(L, stride, interpret, block)
-    dtype = v.dtype
-    key_mask = attendable_keys(key_padding_mask)
-    qk = [x.contiguous() for x in (*q, *k)]
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return _TritonHKT.apply(
-        lam.to(acc).contiguous(), v.contiguous(), key_mask, causal, stride, float(scale), block,
-        *qk,
-    )  # fmt: skip
+    return blockwise_attention(
+        TRITON_BACKEND, q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p, block
+    )

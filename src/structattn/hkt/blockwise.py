@@ -1,0 +1,132 @@
+"""One interface for the blockwise HKT kernels (in the style of flash-attention's interface).
+
+A :class:`Backend` supplies three functions:
+
+* ``prepare(q, v, stride, tiles) -> (work_dtype, tiles)``: checks that it can run here (device,
+  build, supported stride / levels) and picks its tile sizes;
+* ``forward(q, k, v, lam, key_mask, causal, stride, scale, tiles) -> (out, lse)``;
+* ``backward(q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse, grad_out)
+  -> (dq, dk, dv, dlam)``.
+
+:func:`blockwise_attention` does everything else once, for every backend: the dropout refusal,
+the dtype the kernel computes in, contiguous inputs, the attendable-key mask, levels that cannot
+change the result (see below), and a single autograd Function (:class:`_BlockwiseHKT`) that saves
+``out`` and the log-sum-exp for the backward pass.
+
+Constant levels. A coarse level of length 1 (``stride^l >= T``) adds the same score
+``lambda_l q^l_0 . k^l_0`` to every key of a query's row: softmax ignores it, and its gradients
+are exactly 0 (``sum_j dS_ij = 0`` for every row). Such levels are not sent to the kernel, which
+would otherwise need tiles that are multiples of ``stride^(L-1)`` however short ``T`` is; they
+still receive their (zero) gradients, and NaN in them still reaches the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["Backend", "attendable_keys", "blockwise_attention", "round_tile"]
+
+
+def round_tile(tile: int, n_levels: int, stride: int) -> int:
+    """``tile`` rounded up to a positive multiple of ``stride^(L-1)``, so that no coarse block
+    straddles two tiles (shared by the blockwise implementations)."""
+    block = stride ** (n_levels - 1)
+    return max(block, (tile + block - 1) // block * block)
+
+
+def attendable_keys(key_padding_mask: Tensor | None) -> Tensor | None:
+    """The keys a query may attend: the real ones, or every key of a sequence without a real
+    token (its softmax stays finite and its outputs are zeroed by the caller)."""
+    if key_padding_mask is None:
+        return None
+    return (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A blockwise kernel: its name (the ``impl``) and its three functions."""
+
+    name: str
+    prepare: Callable[..., tuple[torch.dtype, Any]]
+    forward: Callable[..., tuple[Tensor, Tensor]]
+    backward: Callable[..., tuple[list[Tensor], list[Tensor], Tensor, Tensor]]
+
+
+class _BlockwiseHKT(torch.autograd.Function):
+    """The autograd Function of every blockwise backend."""
+
+    @staticmethod
+    def forward(ctx, backend, tiles, lam, v, key_mask, causal, stride, scale, *qk):
+        L = len(qk) // 2
+        q, k = list(qk[:L]), list(qk[L:])
+        out, lse = backend.forward(q, k, v, lam, key_mask, causal, stride, scale, tiles)
+        ctx.save_for_backward(lam, v, out, lse, *q, *k)
+        ctx.args = (backend, tiles, key_mask, causal, stride, scale, L)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lam, v, out, lse, *qk = ctx.saved_tensors
+        backend, tiles, key_mask, causal, stride, scale, L = ctx.args
+        q, k = list(qk[:L]), list(qk[L:])
+        dq, dk, dv, dlam = backend.backward(
+            q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse, grad_out.contiguous()
+        )
+        return (None, None, dlam, dv, None, None, None, None, *dq, *dk)
+
+
+def effective_levels(T: int, n_levels: int, stride: int) -> int:
+    """Level 0 and the coarse levels longer than one token (see the module notes)."""
+    n, length = 1, T
+    for _ in range(1, n_levels):
+        length = -(-length // stride)
+        if length <= 1:
+            break
+        n += 1
+    return n
+
+
+def blockwise_attention(
+    backend: Backend,
+    q: list[Tensor],
+    k: list[Tensor],
+    v: Tensor,
+    lam: Tensor,
+    stride: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    tiles: Any = None,
+) -> Tensor:
+    """HKT attention by ``backend`` (inputs already validated by ``hkt_attention``)."""
+    if dropout_p > 0:
+        raise ValueError(
+            f"impl={backend.name!r} does not implement attention dropout; use impl='sdpa'"
+        )
+    T = v.shape[-2]
+    n = effective_levels(T, len(q), stride)
+    work, tiles = backend.prepare(q[:n], v, stride, tiles)
+    dtype = v.dtype
+    qk = [x.to(work).contiguous() for x in (*q[:n], *k[:n])]
+    lam_dtype = torch.float64 if work == torch.float64 else torch.float32  # weights in full
+    out = _BlockwiseHKT.apply(
+        backend,
+        tiles,
+        lam[:, :n].to(lam_dtype).contiguous(),
+        v.to(work).contiguous(),
+        attendable_keys(key_padding_mask),
+        causal,
+        stride,
+        float(scale),
+        *qk,
+    ).to(dtype)
+    if n < len(q):  # constant levels: no effect on the output, exact zero gradients
+        dropped = [x.sum() for x in (*q[n:], *k[n:])] + [lam[:, n:].sum()]
+        out = out + 0.0 * torch.stack(dropped).sum().to(dtype)
+    return out
