@@ -64,6 +64,49 @@ def test_cpp_small_tiles_match_reference(T, n_levels, stride, causal, tiles):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
+def _head_major(x, gap=0):
+    """The same values in (B, T, H, d + gap) memory, seen as (B, H, T, d): what a projection
+    followed by ``view(B, T, H, d).transpose(1, 2)`` gives (``gap`` > 0: rows further apart)."""
+    B, H, T, d = x.shape
+    mem = torch.zeros(B, T, H, d + gap, dtype=x.dtype)
+    mem[..., :d] = x.transpose(1, 2)
+    return mem.transpose(1, 2)[..., :d]
+
+
+@pytest.mark.parametrize("gap", [0, 3])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_cpp_reads_strided_heads_without_copies(causal, gap):
+    """q, k, v and the output gradient in (B, T, H, d) memory: the kernel reads them through
+    their strides, returns the output in the same layout (so the layer's reshape to (B, T, D)
+    is free) and gives the same values and gradients as contiguous inputs."""
+    require("fused_cpp")
+    q, k, v, theta, mask = make_inputs(45, 3, 2, B=2, H=3, padded=True)
+    lam = torch.softmax(theta, -1)
+    ref_out, ref_grads = _reference(q, k, v, theta, mask, 2, causal)
+    sq, sk, sv = [_head_major(x, gap) for x in q], [_head_major(x, gap) for x in k], _head_major(v)
+    leaves = [t.detach().requires_grad_(True) for t in (*sq, *sk, sv)]
+    out = ck.cpp_hkt_attention(leaves[:3], leaves[3:6], leaves[6], lam, 2, causal, mask, 0.5, 0.0)
+    assert out.transpose(1, 2).is_contiguous()  # (B, T, H, dv) memory, like v
+    torch.testing.assert_close(out.masked_fill(~mask[:, None, :, None], 0.0), ref_out, rtol=1e-10,
+                               atol=1e-10)  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    upstream = _head_major(torch.randn(out.shape, generator=g, dtype=out.dtype))
+    upstream = upstream.masked_fill(~mask[:, None, :, None], 0.0)
+    grads = torch.autograd.grad(out, leaves, upstream)
+    out_c = ck.cpp_hkt_attention(
+        [x.detach().contiguous().requires_grad_(True) for x in sq], [x.contiguous() for x in sk],
+        sv.contiguous(), lam, 2, causal, mask, 0.5, 0.0,
+    )  # fmt: skip
+    torch.testing.assert_close(out, out_c, rtol=1e-13, atol=1e-13)  # BLAS may round by lda
+    assert all(torch.isfinite(gr).all() for gr in grads)
+    contiguous = [x.detach().contiguous().requires_grad_(True) for x in (*q, *k, v)]
+    ref = ck.cpp_hkt_attention(contiguous[:3], contiguous[3:6], contiguous[6], lam, 2, causal,
+                               mask, 0.5, 0.0)  # fmt: skip
+    ref_g = torch.autograd.grad(ref, contiguous, upstream.contiguous())
+    for a, b in zip(grads, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize(("T", "n_levels", "stride"), [(1, 3, 2), (37, 3, 2), (300, 3, 2),
                                                        (97, 2, 3), (130, 4, 2)])  # fmt: skip

@@ -226,3 +226,32 @@ def test_layer_config_rejects_bad_flags():
         HKTConfig(stride=2.0)
     with pytest.raises(ValueError, match="causal must be True or False"):
         HKTConfig(causal="no")
+
+
+@pytest.mark.parametrize("T", [1, 2, 5, 17])
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("kernel", [1, 2, 3, 4])
+def test_causal_depthwise_conv_is_the_left_padded_conv1d(T, stride, kernel):
+    """The channels-last implementation against the textbook one: pad K - 1 zeros on the left
+    of (B, D, T), depthwise conv1d with stride s; forward and gradients in float64."""
+    import torch.nn.functional as F
+
+    from structattn.hkt import CausalDepthwiseConv
+
+    torch.manual_seed(0)
+    conv = CausalDepthwiseConv(6, kernel, stride).double()
+    x = torch.randn(2, T, 6, dtype=torch.float64, requires_grad=True)
+    y = conv(x)
+    ref = F.conv1d(
+        F.pad(x.transpose(1, 2), (kernel - 1, 0)),
+        conv.conv.weight,
+        conv.conv.bias,
+        stride=stride,
+        groups=6,
+    ).transpose(1, 2)
+    assert y.shape == ref.shape == (2, -(-T // stride), 6)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    params = [x, conv.conv.weight, conv.conv.bias]
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(ref, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -184,7 +184,7 @@ class HKTAttention(nn.Module):
         y = o.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         if cfg.hybrid:
             beta = self.beta().to(x.dtype).repeat_interleave(cfg.head_dim)  # (D,) per channel
-            y = beta * y + (1.0 - beta) * self.conv(v_flat)
+            y = torch.lerp(self.conv(v_flat), y, beta)  # beta * y + (1 - beta) * conv, one pass
         y = self.out_dropout(self.o_proj(y))
         if key_padding_mask is not None:
             y = y.masked_fill(~key_padding_mask[..., None], 0.0)

@@ -49,12 +49,28 @@ def attendable_keys(key_padding_mask: Tensor | None) -> Tensor | None:
 
 @dataclass(frozen=True)
 class Backend:
-    """A blockwise kernel: its name (the ``impl``) and its three functions."""
+    """A blockwise kernel: its name (the ``impl``) and its three functions. ``strided``: it
+    reads q, k, v and the output gradient through their strides (rows must be contiguous), so
+    a ``(B, T, H, d)`` projection seen as ``(B, H, T, d)`` is never copied; its outputs and
+    gradients then come back in the layout of their inputs."""
 
     name: str
     prepare: Callable[..., tuple[torch.dtype, Any]]
     forward: Callable[..., tuple[Tensor, Tensor]]
     backward: Callable[..., tuple[list[Tensor], list[Tensor], Tensor, Tensor]]
+    strided: bool = False
+
+    def layout(self, x: Tensor) -> Tensor:
+        """``x`` as this backend reads it: as it is when strided and its rows are contiguous,
+        else a contiguous copy."""
+        if (
+            self.strided
+            and (x.shape[-1] <= 1 or x.stride(-1) == 1)
+            and x.stride(-2) >= x.shape[-1]
+            and min(x.stride()) >= 0
+        ):
+            return x
+        return x.contiguous()
 
 
 class _BlockwiseHKT(torch.autograd.Function):
@@ -75,7 +91,7 @@ class _BlockwiseHKT(torch.autograd.Function):
         backend, tiles, key_mask, causal, stride, scale, L = ctx.args
         q, k = list(qk[:L]), list(qk[L:])
         dq, dk, dv, dlam = backend.backward(
-            q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse, grad_out.contiguous()
+            q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse, backend.layout(grad_out)
         )
         return (None, None, dlam, dv, None, None, None, None, *dq, *dk)
 
@@ -113,13 +129,13 @@ def blockwise_attention(
     n = effective_levels(T, len(q), stride)
     work, tiles = backend.prepare(q[:n], v, stride, tiles)
     dtype = v.dtype
-    qk = [x.to(work).contiguous() for x in (*q[:n], *k[:n])]
+    qk = [backend.layout(x.to(work)) for x in (*q[:n], *k[:n])]
     lam_dtype = torch.float64 if work == torch.float64 else torch.float32  # weights in full
     out = _BlockwiseHKT.apply(
         backend,
         tiles,
         lam[:, :n].to(lam_dtype).contiguous(),
-        v.to(work).contiguous(),
+        backend.layout(v.to(work)),
         attendable_keys(key_padding_mask),
         causal,
         stride,

@@ -111,7 +111,7 @@ def _cpp_backward(q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse
 
 #: The C++/OpenMP kernel as a blockwise backend. It computes in float32 or float64; other
 #: floating dtypes are computed in float32 and cast back.
-CPP_BACKEND = Backend("fused_cpp", _cpp_prepare, _cpp_forward, _cpp_backward)
+CPP_BACKEND = Backend("fused_cpp", _cpp_prepare, _cpp_forward, _cpp_backward, strided=True)
 
 
 def cpp_hkt_attention(

@@ -44,8 +44,16 @@ class CausalDepthwiseConv(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # (B, D, k - 1 + T)
-        return self.conv(x).transpose(1, 2)  # (B, ceil(T / stride), D)
+        B, T, D = x.shape
+        K, s = self.kernel_size, self.stride
+        # (B, T, D) memory is (B, D, 1, T) in channels-last layout: the depthwise kernel reads it
+        # in place (no transposed copies in or out). Padding K - 1 on both sides and keeping the
+        # first ceil(T / s) outputs is the causal convolution (output c reads inputs
+        # c*s - K + 1 ... c*s); the outputs past them are never used.
+        xc = x.unsqueeze(1).permute(0, 3, 1, 2)  # (B, D, 1, T), channels-last strides
+        w = self.conv.weight.view(D, 1, 1, K)
+        y = F.conv2d(xc, w, self.conv.bias, stride=(1, s), padding=(0, K - 1), groups=D)
+        return y[..., : -(-T // s)].squeeze(2).transpose(1, 2)  # (B, ceil(T / s), D)
 
 
 class CausalDownsample(nn.Module):

@@ -352,8 +352,8 @@ def resolve_impl(impl: str, device: torch.device | str, dropout_p: float = 0.0) 
 def _all_finite(tensors: Sequence[Tensor]) -> bool:
     """One reduction per tensor: False when any holds NaN or +-inf (or sums overflow, which
     only costs the slower exact path)."""
-    total = torch.stack([t.detach().sum(dtype=torch.float64) for t in tensors]).sum()
-    return bool(torch.isfinite(total))
+    sums = [t.detach().sum(dtype=torch.float32 if t.element_size() < 4 else None) for t in tensors]
+    return bool(torch.isfinite(torch.stack([x.float() for x in sums]).sum()))
 
 
 def hkt_attention(

@@ -273,14 +273,22 @@ struct Geom {
   int64_t cn(int64_t l, int64_t a0, int64_t a1) const { return (a1 - 1) / f[l] + 1 - a0 / f[l]; }
 };
 
+// A (B, H, T, x) tensor the kernel can read through its strides: each row of x values
+// contiguous, rows at least x apart (any batch / head / row order, e.g. a (B, T, H, x) tensor
+// seen as (B, H, T, x), which needs no copy).
+bool rows_ok(const at::Tensor& x) {
+  return x.dim() == 4 && (x.size(3) <= 1 || x.stride(3) == 1) && x.stride(2) >= x.size(3) &&
+         x.stride(0) >= 0 && x.stride(1) >= 0;
+}
+
 // Checks every shape against (B, H, T, d) and T_l = ceil(T_{l-1} / s): the kernel indexes raw
 // pointers, so a wrong shape must be an error, never an out-of-bounds read.
 Geom make_geom(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& k,
                const at::Tensor& v, const at::Tensor& lam, int64_t stride, bool causal,
                double scale, int64_t tile_q, int64_t tile_k) {
   TORCH_CHECK(!q.empty() && q.size() == k.size(), "q and k need the same number of levels");
-  TORCH_CHECK(v.dim() == 4 && v.is_contiguous() && v.device().is_cpu(),
-              "v must be a contiguous CPU tensor (B, H, T, dv)");
+  TORCH_CHECK(v.dim() == 4 && v.device().is_cpu() && rows_ok(v),
+              "v must be a CPU tensor (B, H, T, dv) with contiguous rows");
   TORCH_CHECK(stride >= 2, "stride must be >= 2");
   Geom g;
   g.B = v.size(0);
@@ -299,8 +307,8 @@ Geom make_geom(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& 
                       x->size(3) == g.d,
                   "level ", l, " queries and keys must have shape (B, H, T_l, d) = (", g.B, ", ",
                   g.H, ", ", Tl, ", ", g.d, "), got ", x->sizes());
-      TORCH_CHECK(x->is_contiguous() && x->scalar_type() == v.scalar_type(),
-                  "q and k must be contiguous and of v's dtype");
+      TORCH_CHECK(rows_ok(*x) && x->scalar_type() == v.scalar_type(),
+                  "q and k must have contiguous rows and v's dtype");
     }
     g.Tl.push_back(Tl);
     g.f.push_back(f);
@@ -317,6 +325,14 @@ Geom make_geom(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& 
   g.tile_k = tile_k;
   return g;
 }
+
+// Rows of one head of a strided tensor: row i starts at p + i * ld.
+template <typename Ptr>
+struct Rows {
+  Ptr p = nullptr;
+  int64_t ld = 0;
+  Ptr row(int64_t i) const { return p + i * ld; }
+};
 
 // 0 for a real key, -inf for a padded one.
 template <typename T>
@@ -349,12 +365,13 @@ struct CoarseTile {
   // Loads the tile of queries i0:i1 and keys j0:j1: fine = scale * Q0 K0^T (row stride nj),
   // the coarse levels and the key padding. keep_raw: also keep C_l (the backward pass needs it
   // for the level-weight gradient).
-  void load(const Geom& g, const std::vector<const T*>& Q, const std::vector<const T*>& K,
+  void load(const Geom& g, const std::vector<Rows<const T*>>& Q,
+            const std::vector<Rows<const T*>>& K,
             const T* lam_h, const bool* km, int64_t i0, int64_t i1, int64_t j0, int64_t j1,
             bool keep_raw, T* fine) {
     nj = j1 - j0;
-    mm<T>(false, true, i1 - i0, nj, g.d, static_cast<T>(g.scale), Q[0] + i0 * g.d, g.d,
-          K[0] + j0 * g.d, g.d, T(0), fine, nj);
+    mm<T>(false, true, i1 - i0, nj, g.d, static_cast<T>(g.scale), Q[0].row(i0), Q[0].ld,
+          K[0].row(j0), K[0].ld, T(0), fine, nj);
     fold_coarse(g, Q, K, lam_h, i0, i1, j0, j1, keep_raw, bias.data());
     masked = km != nullptr;
     key_bias_of(km, j0, nj, key_bias.data());
@@ -367,7 +384,8 @@ struct CoarseTile {
   }
 
  private:
-  void fold_coarse(const Geom& g, const std::vector<const T*>& Q, const std::vector<const T*>& K,
+  void fold_coarse(const Geom& g, const std::vector<Rows<const T*>>& Q,
+                   const std::vector<Rows<const T*>>& K,
                    const T* lam_h, int64_t i0, int64_t i1, int64_t j0, int64_t j1, bool keep_raw,
                    T* rowbuf) {
     for (int64_t l = g.L - 1; l >= 1; --l) {
@@ -378,13 +396,13 @@ struct CoarseTile {
       const T w = lam_h[l];
       T* Gl = G[l].data();
       if (keep_raw) {
-        mm<T>(false, true, nr, nc, g.d, static_cast<T>(g.scale), Q[l] + ci0 * g.d, g.d,
-              K[l] + cj0 * g.d, g.d, T(0), C[l].data(), nc);
+        mm<T>(false, true, nr, nc, g.d, static_cast<T>(g.scale), Q[l].row(ci0), Q[l].ld,
+              K[l].row(cj0), K[l].ld, T(0), C[l].data(), nc);
         const T* Cl = C[l].data();
         for (int64_t a = 0; a < nr * nc; ++a) Gl[a] = w * Cl[a];
       } else {
-        mm<T>(false, true, nr, nc, g.d, w * static_cast<T>(g.scale), Q[l] + ci0 * g.d, g.d,
-              K[l] + cj0 * g.d, g.d, T(0), Gl, nc);
+        mm<T>(false, true, nr, nc, g.d, w * static_cast<T>(g.scale), Q[l].row(ci0), Q[l].ld,
+              K[l].row(cj0), K[l].ld, T(0), Gl, nc);
       }
       if (l < g.L - 1) {  // add the coarser levels, already folded into G_{l+1}
         const T* Gu = G[l + 1].data();
@@ -409,11 +427,17 @@ struct CoarseTile {
   }
 };
 
-// Pointers to head bh (of B*H) of each level's (B, H, T_l, d) tensor.
+// Head (b, h) of a (B, H, T, x) tensor: its first row and the distance between rows.
 template <typename T, typename Ptr = const T*>
-std::vector<Ptr> head_levels(const Geom& g, const std::vector<at::Tensor>& xs, int64_t bh) {
-  std::vector<Ptr> p(g.L);
-  for (int64_t l = 0; l < g.L; ++l) p[l] = xs[l].data_ptr<T>() + bh * g.Tl[l] * g.d;
+Rows<Ptr> head_rows(const at::Tensor& x, int64_t b, int64_t h) {
+  return {x.data_ptr<T>() + b * x.stride(0) + h * x.stride(1), x.stride(2)};
+}
+
+// Head bh (of B*H) of each level's (B, H, T_l, d) tensor.
+template <typename T, typename Ptr = const T*>
+std::vector<Rows<Ptr>> head_levels(const Geom& g, const std::vector<at::Tensor>& xs, int64_t bh) {
+  std::vector<Rows<Ptr>> p(g.L);
+  for (int64_t l = 0; l < g.L; ++l) p[l] = head_rows<T, Ptr>(xs[l], bh / g.H, bh % g.H);
   return p;
 }
 
@@ -447,9 +471,7 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     for (int64_t bh = 0; bh < g.B * g.H; ++bh) order.push_back(bh * n_qt + t);
 
   const T* lam_p = lam.data_ptr<T>();
-  T* out_p = out.data_ptr<T>();
   T* lse_p = lse.data_ptr<T>();
-  const T* v_p = v.data_ptr<T>();
   const T inf = std::numeric_limits<T>::infinity();
 
   run_dynamic(order, [&](int64_t item) {
@@ -457,7 +479,7 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     const int64_t b = bh / g.H, h = bh % g.H;
     const int64_t i0 = t * g.tile_q, i1 = std::min(i0 + g.tile_q, g.T), ni = i1 - i0;
     const auto Q = head_levels<T>(g, q, bh), K = head_levels<T>(g, k, bh);
-    const T* V = v_p + bh * g.T * g.dv;
+    const auto V = head_rows<T>(v, b, h);
     const bool* kmb = km == nullptr ? nullptr : km + b * g.T;
     const T* lam_h = lam_p + h * g.L;
 
@@ -489,18 +511,19 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
         }
         m[i] = m_new;
       }
-      mm<T>(false, false, ni, g.dv, nj, T(1), S.data(), nj, V + j0 * g.dv, g.dv, T(1), acc.data(),
+      mm<T>(false, false, ni, g.dv, nj, T(1), S.data(), nj, V.row(j0), V.ld, T(1), acc.data(),
             g.dv);
     }
-    T* O = out_p + (bh * g.T + i0) * g.dv;
+    const auto Oh = head_rows<T, T*>(out, b, h);
     T* lse_row = lse_p + bh * g.T + i0;
     for (int64_t i = 0; i < ni; ++i) {
       if (den[i] > T(0)) {
         const T r = T(1) / den[i];
-        for (int64_t c = 0; c < g.dv; ++c) O[i * g.dv + c] = acc[i * g.dv + c] * r;
+        T* o = Oh.row(i0 + i);
+        for (int64_t c = 0; c < g.dv; ++c) o[c] = acc[i * g.dv + c] * r;
         lse_row[i] = m[i] + std::log(den[i]);
       } else {  // no admissible key: output 0, +inf makes the recomputed probabilities 0
-        for (int64_t c = 0; c < g.dv; ++c) O[i * g.dv + c] = T(0);
+        std::fill(Oh.row(i0 + i), Oh.row(i0 + i) + g.dv, T(0));
         lse_row[i] = inf;
       }
     }
@@ -537,11 +560,10 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     const int64_t b = bh / g.H, h = bh % g.H;
     const auto Q = head_levels<T>(g, q, bh), K = head_levels<T>(g, k, bh);
     const auto dQ = head_levels<T, T*>(g, dq, bh), dK = head_levels<T, T*>(g, dk, bh);
-    const T* V = v.data_ptr<T>() + bh * g.T * g.dv;
-    const T* O = out.data_ptr<T>() + bh * g.T * g.dv;
-    const T* dO = dout.data_ptr<T>() + bh * g.T * g.dv;
+    const auto V = head_rows<T>(v, b, h), O = head_rows<T>(out, b, h);
+    const auto dO = head_rows<T>(dout, b, h);
     const T* LSE = lse.data_ptr<T>() + bh * g.T;
-    T* dV = dv.data_ptr<T>() + bh * g.T * g.dv;
+    const auto dV = head_rows<T, T*>(dv, b, h);
     T* dlam = dlam_bh.data_ptr<T>() + bh * g.L;
     const bool* kmb = km == nullptr ? nullptr : km + b * g.T;
     const T* lam_h = lam_p + h * g.L;
@@ -550,7 +572,8 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     std::vector<T> delta(g.T);
     for (int64_t i = 0; i < g.T; ++i) {
       T acc = 0;
-      for (int64_t c = 0; c < g.dv; ++c) acc += dO[i * g.dv + c] * O[i * g.dv + c];
+      const T *go = dO.row(i), *o = O.row(i);
+      for (int64_t c = 0; c < g.dv; ++c) acc += go[c] * o[c];
       delta[i] = acc;
     }
     CoarseTile<T> ct(g);
@@ -575,9 +598,9 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
           std::fill(p + lim, p + nj, T(0));
         }
         // dV += P^T dO;  dP = dO V^T
-        mm<T>(true, false, nj, g.dv, ni, T(1), P.data(), nj, dO + i0 * g.dv, g.dv, T(1),
-              dV + j0 * g.dv, g.dv);
-        mm<T>(false, true, ni, nj, g.dv, T(1), dO + i0 * g.dv, g.dv, V + j0 * g.dv, g.dv, T(0),
+        mm<T>(true, false, nj, g.dv, ni, T(1), P.data(), nj, dO.row(i0), dO.ld, T(1),
+              dV.row(j0), dV.ld);
+        mm<T>(false, true, ni, nj, g.dv, T(1), dO.row(i0), dO.ld, V.row(j0), V.ld, T(0),
               dS.data(), nj);
         // dS = P (dP - delta): the gradient of the fused score
         double dl0 = 0.0;
@@ -587,10 +610,10 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
         }
         dlam_acc[0] += dl0;
         const T w0 = lam0 * static_cast<T>(g.scale);
-        mm<T>(false, false, ni, g.d, nj, w0, dS.data(), nj, K[0] + j0 * g.d, g.d, T(1),
-              dQ[0] + i0 * g.d, g.d);
-        mm<T>(true, false, nj, g.d, ni, w0, dS.data(), nj, Q[0] + i0 * g.d, g.d, T(1),
-              dK[0] + j0 * g.d, g.d);
+        mm<T>(false, false, ni, g.d, nj, w0, dS.data(), nj, K[0].row(j0), K[0].ld, T(1),
+              dQ[0].row(i0), dQ[0].ld);
+        mm<T>(true, false, nj, g.d, ni, w0, dS.data(), nj, Q[0].row(i0), Q[0].ld, T(1),
+              dK[0].row(j0), dK[0].ld);
         // coarse levels: nested block sums of dS
         for (int64_t l = 1; l < g.L; ++l) {
           const int64_t nr = ct.rows[l], nc = ct.cols[l];
@@ -607,10 +630,10 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
           dlam_acc[l] += dl;
           const T wl = lam_h[l] * static_cast<T>(g.scale);
           const int64_t ci0 = g.c0(l, i0), cj0 = g.c0(l, j0);
-          mm<T>(false, false, nr, g.d, nc, wl, Dl, nc, K[l] + cj0 * g.d, g.d, T(1),
-                dQ[l] + ci0 * g.d, g.d);
-          mm<T>(true, false, nc, g.d, nr, wl, Dl, nc, Q[l] + ci0 * g.d, g.d, T(1),
-                dK[l] + cj0 * g.d, g.d);
+          mm<T>(false, false, nr, g.d, nc, wl, Dl, nc, K[l].row(cj0), K[l].ld, T(1),
+                dQ[l].row(ci0), dQ[l].ld);
+          mm<T>(true, false, nc, g.d, nr, wl, Dl, nc, Q[l].row(ci0), Q[l].ld, T(1),
+                dK[l].row(cj0), dK[l].ld);
         }
       }
     }
@@ -636,7 +659,7 @@ std::vector<at::Tensor> hkt_forward(std::vector<at::Tensor> q, std::vector<at::T
                                     int64_t tile_k) {
   const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
   const bool* km = mask_ptr(key_mask, g);
-  at::Tensor out = at::empty_like(v);
+  at::Tensor out = at::empty_like(v);  // v's memory layout: a (B, T, H, dv) v gives one too
   at::Tensor lse = at::empty({g.B, g.H, g.T}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "hkt_forward", [&] {
     forward_impl<scalar_t>(g, q, k, v, lam.contiguous(), km, out, lse);
@@ -651,10 +674,10 @@ std::vector<at::Tensor> hkt_backward(std::vector<at::Tensor> q, std::vector<at::
                                      int64_t tile_k, at::Tensor out, at::Tensor lse,
                                      at::Tensor dout) {
   const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
-  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && out.is_contiguous() &&
-                  dout.is_contiguous() && out.scalar_type() == v.scalar_type() &&
+  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && rows_ok(out) &&
+                  rows_ok(dout) && out.scalar_type() == v.scalar_type() &&
                   dout.scalar_type() == v.scalar_type(),
-              "out and dout must be contiguous, of v's shape and dtype");
+              "out and dout must have v's shape and dtype and contiguous rows");
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.B && lse.size(1) == g.H && lse.size(2) == g.T &&
                   lse.is_contiguous() && lse.scalar_type() == v.scalar_type(),
               "lse must be a contiguous (B, H, T) tensor of v's dtype");
