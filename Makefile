@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup data models test test-slow bench bench-quick reproduce lint clean
+.PHONY: setup data models test test-slow bench bench-quick bench-layer reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ reproduce: data  ## the main job: HKT vs MHA on the three tasks (quick preset), 
 
 bench-quick: $(STAMP)  ## the attention benchmark on a small grid (about 2 minutes)
 	$(PY) benchmarks/attention.py --preset quick
+
+bench-layer: $(STAMP)  ## the HKT layer and a ListOps training step against MHA, with profiles (about 4 min)
+	$(PY) benchmarks/attention.py --sections layer step --layer-seq-lens 1024 4096
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -4,6 +4,7 @@
     python benchmarks/attention.py --preset full         # make bench: T 1k/4k/16k (about 25 min)
     python benchmarks/attention.py --seq-lens 4096 --head-dims 64 --levels 3 --repeats 9
     python benchmarks/attention.py --preset gpu          # CUDA, bfloat16, T 4k/16k/64k
+    python benchmarks/attention.py --sections layer step # the layer and the training step
 
 For every (T, d, L) it times, in one process and alternating call by call so that machine noise
 hits every path alike:
@@ -24,6 +25,11 @@ inputs excluded, the C++ kernel's private per-thread tile scratch not seen), on 
 ``attention.json``, ``attention.md`` and ``attention.png`` (ratio to SDPA vs T) in ``--out-dir``.
 Inputs are causal, B x H heads; level weights are learnable (their gradient is timed). The
 JSON records which path ``impl="auto"`` picks on the device.
+
+``--sections layer step`` (see ``benchmarks/layer_step.py``) measure what a user runs: the
+``HKTAttention`` layer against an SDPA multi-head-attention block (B=2, D=256, H=4, L=3), and a
+full training step of the paper's ListOps model against its MHA twin (T = 512 and 1024), with
+a profile of where the time goes; ``layer.json`` / ``step.json`` and ``.md`` in ``--out-dir``.
 """
 
 from __future__ import annotations
@@ -85,6 +91,13 @@ class Args:
     out_dir: Path = Path("results/bench")  # where attention.json / .md / .png go
     seed: int = 0  # input seed
     extra: dict[str, str] = field(default_factory=dict)  # free-form notes copied to the JSON
+    sections: tuple[Literal["attention", "layer", "step"], ...] = ("attention",)  # what to run
+    layer_seq_lens: tuple[int, ...] = (4096,)  # layer section: T
+    layer_d_model: int = 256  # layer section: width D (head dim D / heads)
+    layer_batch: int = 2  # layer section: B
+    step_seq_lens: tuple[int, ...] = (512, 1024)  # step section: T
+    step_batch: int = 32  # step section: B (the paper's batch)
+    section_repeats: int = 7  # layer / step sections: timed rounds (medians reported)
 
     def resolve(self) -> Args:
         preset = {"batch": 1, "heads": 4, "device": "cpu", "dtype": "float32"}
@@ -348,19 +361,65 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+LAYER_TARGET, STEP_TARGET, STEP_MEM_TARGET = 1.25, 1.3, 1.5
+
+
+def run_sections(args: Args) -> dict[str, dict]:
+    """The ``layer`` and ``step`` sections named in ``args.sections`` (CPU, float32)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import layer_step as ls
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = {}
+    env = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+           "processor": platform.processor() or platform.machine()}  # fmt: skip
+    if "layer" in args.sections:
+        rows = ls.layer_section(
+            args.layer_seq_lens,
+            args.layer_d_model,
+            args.heads or 4,
+            (args.levels or (3,))[-1],
+            args.layer_batch,
+            args.section_repeats,
+            args.seed,
+        )
+        out["layer"] = {"rows": rows, "target_ratio": LAYER_TARGET, "environment": env,
+                        "markdown": ls.to_markdown("layer", rows, LAYER_TARGET, None)}  # fmt: skip
+    if "step" in args.sections:
+        rows = ls.step_section(args.step_seq_lens, args.step_batch, args.section_repeats, args.seed)
+        out["step"] = {
+            "rows": rows,
+            "target_ratio": STEP_TARGET,
+            "target_mem_ratio": STEP_MEM_TARGET,
+            "environment": env,
+            "markdown": ls.to_markdown("step", rows, STEP_TARGET, STEP_MEM_TARGET),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = tyro.cli(Args, args=argv)
-    try:
-        result = run(args)
-    except ValueError as err:
-        raise SystemExit(f"attention benchmark: error: {err}") from None
-    table = to_markdown(result)
-    print(table)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "attention.json").write_text(json.dumps(result, indent=2))
-    (args.out_dir / "attention.md").write_text(table + "\n")
-    plot(result, args.out_dir / "attention.png")
-    print(f"\nwrote {args.out_dir}/attention.json, attention.md, attention.png", file=sys.stderr)
+    result: dict = {}
+    if "attention" in args.sections:
+        try:
+            result = run(args)
+        except ValueError as err:
+            raise SystemExit(f"attention benchmark: error: {err}") from None
+        table = to_markdown(result)
+        print(table)
+        (args.out_dir / "attention.json").write_text(json.dumps(result, indent=2))
+        (args.out_dir / "attention.md").write_text(table + "\n")
+        plot(result, args.out_dir / "attention.png")
+        written = "attention.json, attention.md, attention.png"
+        print(f"\nwrote {args.out_dir}/{written}", file=sys.stderr)
+    for name, section in run_sections(args).items():
+        print("\n" + section["markdown"])
+        (args.out_dir / f"{name}.json").write_text(json.dumps(section, indent=2))
+        (args.out_dir / f"{name}.md").write_text(section["markdown"] + "\n")
+        print(f"wrote {args.out_dir}/{name}.json, {name}.md", file=sys.stderr)
+        result[name] = section
     return result
 
 

@@ -62,3 +62,42 @@ def test_tiny_benchmark_writes_outputs(tmp_path, capsys):
     assert rows[1]["hkt_ref_peak_mib"] > rows[1].get("hkt_fused_cpp_peak_mib", 0.0)
     assert (tmp_path / "attention.png").stat().st_size > 0
     assert (tmp_path / "attention.md").read_text().startswith("Attention forward+backward")
+
+
+def test_layer_and_step_sections_write_ratios_and_profiles(tmp_path, capsys):
+    bench = _load()
+    result = bench.main(
+        [
+            "--sections",
+            "layer",
+            "step",
+            "--layer-seq-lens",
+            "64",
+            "--layer-d-model",
+            "32",
+            "--step-seq-lens",
+            "32",
+            "--step-batch",
+            "2",
+            "--section-repeats",
+            "1",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
+    assert "attention" not in result  # only the sections asked for
+    out = capsys.readouterr().out
+    for name in ("layer", "step"):
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data == json.loads(json.dumps(result[name]))
+        (row,) = data["rows"]
+        assert row["time_ratio"] == pytest.approx(row["hkt_ms"] / row["mha_ms"])
+        assert row["mem_ratio"] == pytest.approx(row["hkt_peak_mib"] / row["mha_peak_mib"])
+        for model in ("hkt", "mha"):
+            prof = row[f"{model}_profile_ms"]
+            parts = sum(v for k, v in prof.items() if k != "total")
+            assert prof["total"] == pytest.approx(parts) and prof["attention kernel"] > 0
+        assert (tmp_path / f"{name}.md").read_text().startswith(data["markdown"][:40])
+    assert "Where the time goes" in out
+    step = json.loads((tmp_path / "step.json").read_text())["rows"][0]
+    assert step["hkt_parameters"] > step["mha_parameters"]  # per-level projections, convs
