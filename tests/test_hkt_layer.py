@@ -255,3 +255,14 @@ def test_causal_depthwise_conv_is_the_left_padded_conv1d(T, stride, kernel):
     params = [x, conv.conv.weight, conv.conv.bias]
     for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(ref, params, g)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_fixed_level_weights_stay_uniform_and_are_not_parameters():
+    layer = HKTAttention(HKTConfig(d_model=16, n_heads=4, n_levels=3, learn_levels=False))
+    assert "level_logits" not in dict(layer.named_parameters())
+    assert "level_logits" in layer.state_dict()  # saved and loaded with the weights
+    torch.testing.assert_close(layer.level_weights(), torch.full((4, 3), 1 / 3))
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    layer(torch.randn(2, 9, 16)).square().sum().backward()
+    opt.step()
+    torch.testing.assert_close(layer.level_weights(), torch.full((4, 3), 1 / 3))

@@ -340,3 +340,79 @@ def test_diagnose_rejects_mha_runs(data_dir, tmp_path):
     train(tiny("listops", "mha", data_dir, run), progress=False)
     with pytest.raises(ValueError, match="diagnose needs hkt"):
         diagnose(run)
+
+
+def test_reproduce_variants_sweep_baselines_and_paired_statistics(data_dir, tmp_path):
+    overrides = dict(
+        data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [64, 16, 16]},
+        model=TINY_MODEL,
+        train={**TINY_TRAIN, "max_steps": 4, "eval_every": 1},
+    )
+    out = tmp_path / "out"
+    results = reproduce(
+        "quick",
+        seeds=(0, 1),
+        tasks=("listops",),
+        out_dir=out,
+        data_dir=data_dir,
+        progress=False,
+        overrides=overrides,
+        variants=("hkt", "mha", "mha-wide", "hkt-fixed-lambda"),
+        lr_sweep=(1e-3, 3e-3),
+    )
+    row = results["tasks"]["listops"]
+    # the sweep ran one seed per rate and model, on validation, apart from the reported seeds
+    sweep = results["lr_sweep"]["tasks"]["listops"]
+    assert set(sweep) == {"hkt", "mha"} and set(sweep["hkt"]["val_acc"]) == {"0.001", "0.003"}
+    chosen = float(sweep["mha"]["chosen"])
+    cfg = yaml.safe_load((out / "quick" / "listops-mha-wide" / "seed0" / "config.yaml").read_text())
+    assert cfg["optim"]["lr"] == chosen  # the wide MHA uses MHA's tuned rate
+    # the wide MHA has about HKT's parameter count, far more than MHA
+    h, m, w = (row[v]["parameters"] for v in ("hkt", "mha", "mha-wide"))
+    assert abs(w - h) < abs(m - h) and w > m
+    fixed = yaml.safe_load(
+        (out / "quick" / "listops-hkt-fixed-lambda" / "seed1" / "config.yaml").read_text()
+    )
+    assert fixed["model"]["hkt"]["learn_levels"] is False
+    # paired differences by seed, with the verdict
+    d = row["comparisons"]["hkt - mha"]
+    assert d["mean"] == pytest.approx(
+        sum(a - b for a, b in zip(row["hkt"]["test_acc"], row["mha"]["test_acc"])) / 2
+    )
+    assert d["verdict"] in ("a better", "b better", "inconclusive") and d["n"] == 2
+    assert set(row["shallow"]) == {"majority", "token_counts_mlp", "outermost_operator"}
+    assert set(row["beats_outermost"]) == {"hkt", "mha", "mha-wide", "hkt-fixed-lambda"}
+    assert len(row["hkt"]["plateau"]) == 2
+    table = (out / "quick" / "results.md").read_text()
+    for text in ("HKT − MHA widened to HKT's parameter count", "95% interval",
+                 "shallow: most frequent answer per outermost operator", "Learning-rate sweep",
+                 "outermost-operator cue"):  # fmt: skip
+        assert text in table, text
+
+
+def test_ablations_train_each_variant_on_the_same_seed(data_dir, tmp_path):
+    from structattn.train.reproduce import ABLATIONS
+
+    overrides = dict(
+        data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]},
+        model=TINY_MODEL,
+        train={**TINY_TRAIN, "max_steps": 2},
+    )
+    results = reproduce("quick", seeds=(0,), tasks=("listops",), out_dir=tmp_path,
+                        data_dir=data_dir, progress=False, overrides=overrides,
+                        variants=ABLATIONS, baselines=False)  # fmt: skip
+    hkt = {}
+    for variant in ABLATIONS:
+        cfg = yaml.safe_load(
+            (tmp_path / "quick" / f"listops-{variant}" / "seed0" / "config.yaml").read_text()
+        )
+        hkt[variant] = cfg["model"]["hkt"]
+        assert cfg["seed"] == 0 and cfg["train"]["max_steps"] == 2  # the same budget
+    assert hkt["hkt-no-hybrid"]["hybrid"] is False and hkt["hkt"]["hybrid"] is True
+    assert hkt["hkt-L1-hybrid"]["n_levels"] == 1 and hkt["hkt-L1-hybrid"]["hybrid"] is True
+    assert hkt["hkt-fixed-lambda"]["learn_levels"] is False
+    assert (hkt["hkt-L2"]["n_levels"], hkt["hkt-L4"]["n_levels"]) == (2, 4)
+    assert set(results["tasks"]["listops"]["comparisons"]) == {
+        f"hkt - {v}" for v in ABLATIONS[1:]
+    }
+    assert "HKT with fixed uniform λ" in (tmp_path / "quick" / "results.md").read_text()

@@ -7,6 +7,7 @@
     structattn train --config listops-hkt [--preset quick] [--seed 0] [--train.max-steps N ...]
     structattn eval RUN_DIR [--split test]
     structattn reproduce [--preset quick|paper] [--seeds 0 1 2] [--tasks listops image text]
+    structattn ablate [--preset quick] [--task listops] [--seeds 0 1 2]
     structattn diagnose RUN_DIR
     structattn glfusion train [--preset quick|paper] [--dataset wordnet|arxiv] [--train.max-steps N]
 
@@ -185,12 +186,26 @@ class Reproduce:
     out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     progress: bool = True  # tqdm bars per run
+    variants: tuple[str, ...] = ("hkt", "mha")  # add mha-wide and the ablations (see ablate)
+    lr_sweep: tuple[float, ...] = ()  # tune HKT's and MHA's lr on validation first (one seed)
+    threads: int | None = None  # torch threads (default: torch's choice)
 
     def run(self) -> None:
         from structattn.train.reproduce import reproduce, results_table
 
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
         results = reproduce(
-            self.preset, self.seeds, self.tasks, self.out_dir, self.data_dir, progress=self.progress
+            self.preset,
+            self.seeds,
+            self.tasks,
+            self.out_dir,
+            self.data_dir,
+            progress=self.progress,
+            variants=self.variants,
+            lr_sweep=self.lr_sweep or None,
         )
         print(results_table(results))
         print(
@@ -198,6 +213,41 @@ class Reproduce:
             "hkt_levels_beta.png",
             file=sys.stderr,
         )
+
+
+@dataclass
+class Ablate:
+    """HKT's ablations on one task, same budget and seeds: without the hybrid head, L = 1 plus
+    the hybrid head, fixed uniform λ, L = 2 and L = 4, against full HKT (one table)."""
+
+    preset: str = "quick"  # the experiment preset the ablations share
+    task: str = "listops"  # listops | image | text
+    seeds: tuple[int, ...] = (0, 1, 2)  # seeds per variant
+    out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
+    data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
+    lr: float | None = None  # learning rate for every variant (default: the preset's)
+    threads: int | None = None  # torch threads (default: torch's choice)
+    progress: bool = True  # tqdm bars per run
+
+    def run(self) -> None:
+        from structattn.train.reproduce import ABLATIONS, reproduce, results_table
+
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        overrides = {"optim": {"lr": self.lr}} if self.lr else None
+        results = reproduce(
+            self.preset,
+            self.seeds,
+            (self.task,),
+            self.out_dir,
+            self.data_dir,
+            progress=self.progress,
+            overrides=overrides,
+            variants=ABLATIONS,
+        )
+        print(results_table(results))
 
 
 @dataclass
@@ -224,6 +274,7 @@ COMMANDS = {
     "eval": Eval,
     "params": Params,
     "reproduce": Reproduce,
+    "ablate": Ablate,
 }
 
 
@@ -293,6 +344,7 @@ SUMMARIES = {
     "train": "Train one HKT or MHA model on a task (a shipped experiment + preset, flags on top).",
     "eval": "Evaluate a run's best weights (or latest checkpoint) on a split.",
     "reproduce": "Train HKT and MHA on each task and seed, then write the comparison table.",
+    "ablate": "HKT's ablations (hybrid head, levels, learned λ) on one task, one table.",
     "diagnose": "Measure the paper's theory on a trained HKT run (report and plots).",
     "glfusion": "GL-Fusion: `structattn glfusion train` on a text-attributed graph.",
     "data": "Fetch the offline stand-in datasets; summarise a task's data.",

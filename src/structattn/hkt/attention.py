@@ -45,6 +45,7 @@ class HKTConfig:
     beta_init: float = 0.9  # initial beta of the hybrid head (fraction of attention)
     learn_beta: bool = True  # False: beta stays at beta_init (which may then be exactly 0 or 1)
     level_logits_init: float = 0.0  # theta init for levels >= 1 (level 0 at 0); 0 = uniform
+    learn_levels: bool = True  # False: lambda stays at its init (uniform by default), an ablation
     bias: bool = True  # biases in the Q, K, V and output projections
     attn_dropout: float = 0.0  # dropout on attention probabilities (training only)
     dropout: float = 0.0  # dropout after the output projection (training only)
@@ -117,7 +118,10 @@ class HKTAttention(nn.Module):
         self.o_proj = nn.Linear(D, D, bias=config.bias)
         theta = torch.full((H, L), config.level_logits_init)
         theta[:, 0] = 0.0
-        self.level_logits = nn.Parameter(theta)  # theta (H, L); lambda = softmax(theta)
+        if config.learn_levels:
+            self.level_logits = nn.Parameter(theta)  # theta (H, L); lambda = softmax(theta)
+        else:
+            self.register_buffer("level_logits", theta)  # fixed lambda (the ablation)
         if config.hybrid:
             self.conv = CausalDepthwiseConv(D, config.conv_kernel)
             if config.learn_beta:

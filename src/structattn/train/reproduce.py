@@ -1,9 +1,18 @@
 """Reproduce the paper's comparison: HKT vs the retrained MHA baseline on the three tasks.
 
-``reproduce(preset, seeds, tasks)`` trains ``configs/<task>-{hkt,mha}.yaml`` for every seed into
-``<out_dir>/<preset>/<task>-<model>/seed<k>`` (runs with a ``final.json`` are skipped, runs with
-a checkpoint are resumed), then writes ``results.md`` / ``results.json`` and PNG plots beside
-them: validation accuracy against step, and the learned level weights and beta per layer.
+``reproduce(preset, seeds, tasks)`` trains the shipped ``<task>-{hkt,mha}`` experiments for every
+seed into ``<out_dir>/<preset>/<task>-<variant>/seed<k>`` (runs with a ``final.json`` are
+skipped, runs with a checkpoint are resumed), then writes ``results.md`` / ``results.json`` and
+PNG plots beside them: validation accuracy against step, and the learned level weights and beta.
+
+Beyond HKT and MHA, ``variants`` adds models trained on the same budget, data order and seeds:
+``mha-wide`` (MHA widened to HKT's parameter count, so that extra parameters are not mistaken for
+structure) and the HKT ablations (:data:`VARIANTS`). ``lr_sweep`` tunes the learning rate of HKT
+and of MHA on validation (one seed per rate, never the test split) before the seeds run; the
+variants use the rate of the model they derive from. Every table carries the shallow baselines
+(:mod:`.baselines`), the paired difference of each comparison with its 95% interval and the word
+"inconclusive" where it covers 0 (:mod:`.stats`), and whether each run's validation curve had
+flattened (no gain of 1 pp or more in its last fifth).
 """
 
 from __future__ import annotations
@@ -19,12 +28,15 @@ from typing import Any
 from structattn.data import TASKS, load_task
 from structattn.errors import ConfigError
 
+from .baselines import shallow_baselines
 from .checkpoint import latest_checkpoint
 from .config import load_experiment
 from .diagnose import diagnose
-from .hkt import train
+from .engine import json_safe
+from .hkt import build_model, train
+from .stats import mean_std, paired_difference
 
-__all__ = ["PAPER_RESULTS", "reproduce", "results_table"]
+__all__ = ["PAPER_RESULTS", "VARIANTS", "reproduce", "results_table"]
 
 #: The paper's test accuracies (%, mean +- std over 3 seeds) and sequence lengths.
 PAPER_RESULTS = {
@@ -35,11 +47,57 @@ PAPER_RESULTS = {
 PAPER_OVERHEAD = 1.31
 MODELS = ("hkt", "mha")
 
+#: Models trained by ``reproduce``: (experiment model, model overrides, what it is). ``"wide"``
+#: widens MHA to HKT's parameter count (found for each task's data).
+VARIANTS: dict[str, tuple[str, Any, str]] = {
+    "hkt": ("hkt", {}, "HKT"),
+    "mha": ("mha", {}, "MHA"),
+    "mha-wide": ("mha", "wide", "MHA widened to HKT's parameter count"),
+    "hkt-no-hybrid": ("hkt", {"hkt": {"hybrid": False}}, "HKT without the hybrid head"),
+    "hkt-L1-hybrid": ("hkt", {"hkt": {"n_levels": 1}}, "HKT with L = 1 plus the hybrid head"),
+    "hkt-fixed-lambda": ("hkt", {"hkt": {"learn_levels": False}}, "HKT with fixed uniform λ"),
+    "hkt-L2": ("hkt", {"hkt": {"n_levels": 2}}, "HKT with L = 2"),
+    "hkt-L4": ("hkt", {"hkt": {"n_levels": 4}}, "HKT with L = 4"),
+}
+ABLATIONS = ("hkt", "hkt-no-hybrid", "hkt-L1-hybrid", "hkt-fixed-lambda", "hkt-L2", "hkt-L4")
+SWEEP_SEED = 1000  # the learning-rate sweep's seed, apart from the reported seeds
+
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    if not values:
-        return float("nan"), float("nan")
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return mean_std(values)
+
+
+def _wide_width(cfg, data, target: int) -> int:
+    """The MHA width (a multiple of the head count) whose parameter count is closest to
+    ``target``."""
+    heads = cfg.model.n_heads
+    best, best_gap = cfg.model.d_model, None
+    for width in range(cfg.model.d_model, 4 * cfg.model.d_model + 1, heads):
+        n = sum(p.numel() for p in build_model(_with_model(cfg, d_model=width), data).parameters())
+        gap = abs(n - target)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = width, gap
+    return best
+
+
+def _with_model(cfg, **changes):
+    import dataclasses
+
+    return dataclasses.replace(cfg, model=cfg.model.replace(**changes))
+
+
+def _plateau(run_dir: Path) -> bool | None:
+    """The validation curve had flattened: its best accuracy in the last fifth of training
+    improves on the best before it by less than 1 pp (None without enough evaluations)."""
+    steps, acc = _read_val_curve(run_dir)
+    if len(steps) < 3:
+        return None
+    cut = 0.8 * steps[-1]
+    before = [a for s, a in zip(steps, acc) if s <= cut]
+    after = [a for s, a in zip(steps, acc) if s > cut]
+    if not before or not after:
+        return None
+    return max(after) - max(before) < 1.0
 
 
 def reproduce(
@@ -50,6 +108,9 @@ def reproduce(
     data_dir: Path | None = None,
     progress: bool = True,
     overrides: dict[str, Any] | None = None,
+    variants: Sequence[str] = MODELS,
+    lr_sweep: Sequence[float] | None = None,
+    baselines: bool = True,
 ) -> dict[str, Any]:
     """Train what is missing, then summarise every run into a table, JSON and plots."""
     unknown = sorted(set(tasks) - set(TASKS))
@@ -57,24 +118,31 @@ def reproduce(
         raise ConfigError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
     if not seeds:
         raise ConfigError("seeds must name at least one seed")
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad:
+        raise ConfigError(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+    if lr_sweep is not None and (not lr_sweep or min(lr_sweep) <= 0):
+        raise ConfigError(f"lr_sweep must list positive learning rates, got {list(lr_sweep)}")
     root = Path(out_dir) / preset
-    jobs = [(t, m, s) for t in tasks for m in MODELS for s in seeds]
     data_cache: dict[str, Any] = {}
     finals: dict[tuple[str, str, int], dict] = {}
     incomplete: list[str] = []
     started = time.perf_counter()
-    for i, (task, model, seed) in enumerate(jobs, 1):
-        run_dir = root / f"{task}-{model}" / f"seed{seed}"
-        final_path = run_dir / "final.json"
-        if final_path.is_file():
-            finals[task, model, seed] = json.loads(final_path.read_text())
-            print(f"[{i}/{len(jobs)}] {task} {model} seed {seed}: done, skipped", file=sys.stderr)
-            continue
+
+    def job(task, variant, seed, run_dir, lr=None):
+        base, change, _ = VARIANTS[variant]
         extra = dict(overrides or {})
         if data_dir is not None:
             extra["data"] = {**extra.get("data", {}), "data_dir": str(data_dir)}
+        if lr is not None:
+            extra["optim"] = {**extra.get("optim", {}), "lr": lr}
+        if isinstance(change, dict) and change:
+            model = dict(extra.get("model", {}))
+            for key, value in change.items():
+                model[key] = {**model.get(key, {}), **value} if isinstance(value, dict) else value
+            extra["model"] = model
         cfg = load_experiment(
-            f"{task}-{model}",
+            f"{task}-{base}",
             preset,
             seed=seed,
             run_dir=str(run_dir),
@@ -84,48 +152,104 @@ def reproduce(
         key = repr(cfg.data)
         if key not in data_cache:
             data_cache[key] = load_task(cfg.data)
-        print(f"[{i}/{len(jobs)}] {task} {model} seed {seed} -> {run_dir}", file=sys.stderr)
-        result = train(cfg, data=data_cache[key], progress=progress)
+        data = data_cache[key]
+        if change == "wide":  # HKT's parameter count, from the same experiment's HKT twin
+            twin = load_experiment(f"{task}-hkt", preset, **{k: v for k, v in extra.items()
+                                                              if k != "optim"})  # fmt: skip
+            target = sum(p.numel() for p in build_model(twin, data).parameters())
+            cfg = _with_model(cfg, d_model=_wide_width(cfg, data, target))
+        return cfg, data
+
+    def run(task, variant, seed, run_dir, label, lr=None) -> dict | None:
+        final_path = run_dir / "final.json"
+        if final_path.is_file():
+            print(f"{label}: done, skipped", file=sys.stderr)
+            return json.loads(final_path.read_text())
+        cfg, data = job(task, variant, seed, run_dir, lr)
+        print(f"{label} -> {run_dir}", file=sys.stderr)
+        result = train(cfg, data=data, progress=progress)
         if "paused_at" in result:  # stop_at in the overrides: not a finished run
-            incomplete.append(f"{task}-{model}/seed{seed} (paused at {result['paused_at']})")
-            continue
-        finals[task, model, seed] = result
+            incomplete.append(f"{run_dir.relative_to(root)} (paused at {result['paused_at']})")
+            return None
+        return result
+
+    tuned: dict[tuple[str, str], float] = {}
+    sweeps: dict[str, dict[str, dict[str, float]]] = {}
+    if lr_sweep:
+        for task in tasks:
+            for model in [m for m in MODELS if any(VARIANTS[v][0] == m for v in variants)]:
+                scores = {}
+                for lr in lr_sweep:
+                    run_dir = root / "sweep" / f"{task}-{model}" / f"lr{lr:g}"
+                    label = f"[sweep] {task} {model} lr {lr:g} (seed {SWEEP_SEED})"
+                    result = run(task, model, SWEEP_SEED, run_dir, label, lr)
+                    if result is not None:
+                        scores[f"{lr:g}"] = result["val_acc"]
+                if scores:
+                    best = max(scores, key=lambda k: (scores[k], -float(k)))
+                    tuned[task, model] = float(best)
+                    sweeps.setdefault(task, {})[model] = {"val_acc": scores, "chosen": best}
+    jobs = [(t, v, s) for t in tasks for v in variants for s in seeds]
+    for i, (task, variant, seed) in enumerate(jobs, 1):
+        run_dir = root / f"{task}-{variant}" / f"seed{seed}"
+        lr = tuned.get((task, VARIANTS[variant][0]))
+        label = f"[{i}/{len(jobs)}] {task} {variant} seed {seed}"
+        result = run(task, variant, seed, run_dir, label, lr)
+        if result is not None:
+            finals[task, variant, seed] = result
     diagnostics = {}
-    for task in tasks:
-        for seed in seeds:
-            run_dir = root / f"{task}-hkt" / f"seed{seed}"
-            path = run_dir / "diagnostics" / "diagnostics.json"
-            if path.is_file():
-                diagnostics[task, seed] = json.loads(path.read_text())["summary"]
-            elif (run_dir / "best.safetensors").is_file():
-                diagnostics[task, seed] = diagnose(run_dir, n_sequences=2, max_len=128)["summary"]
-    results = summarise(root, tasks, seeds, finals, diagnostics)
+    if "hkt" in variants:
+        for task in tasks:
+            for seed in seeds:
+                run_dir = root / f"{task}-hkt" / f"seed{seed}"
+                path = run_dir / "diagnostics" / "diagnostics.json"
+                if path.is_file():
+                    diagnostics[task, seed] = json.loads(path.read_text())["summary"]
+                elif (run_dir / "best.safetensors").is_file():
+                    diagnostics[task, seed] = diagnose(run_dir, n_sequences=2, max_len=128)[
+                        "summary"
+                    ]
+    shallow = {}
+    if baselines:
+        for task in tasks:
+            cfg, data = job(task, "mha", seeds[0], root / f"{task}-mha" / f"seed{seeds[0]}")
+            shallow[task] = {k: {s: 100 * a for s, a in v.items()}
+                             for k, v in shallow_baselines(data).items()}  # fmt: skip
+    results = summarise(root, tasks, seeds, finals, diagnostics, variants, shallow)
     results["incomplete"] = incomplete
+    results["lr_sweep"] = {"rates": list(lr_sweep or []), "seed": SWEEP_SEED, "tasks": sweeps}
     results["wall_s"] = time.perf_counter() - started
     results["preset"] = preset
-    (root / "results.json").write_text(json.dumps(results, indent=2))
+    results["overrides"] = overrides or {}
+    (root / "results.json").write_text(json.dumps(json_safe(results), indent=2, allow_nan=False))
     table = results_table(results)
     (root / "results.md").write_text(table + "\n")
-    plot_curves(root, tasks, seeds, root / "val_accuracy.png")
+    plot_curves(root, tasks, seeds, root / "val_accuracy.png", variants)
     plot_hkt_parameters(results, root / "hkt_levels_beta.png")
     return results
 
 
-def summarise(root: Path, tasks, seeds, finals, diagnostics=None) -> dict[str, Any]:
+def summarise(
+    root: Path, tasks, seeds, finals, diagnostics=None, variants=MODELS, shallow=None
+) -> dict[str, Any]:
     rows = {}
     for task in tasks:
         row: dict[str, Any] = {"paper": PAPER_RESULTS[task]}
         ratios = []
-        for model in MODELS:
+        for model in dict.fromkeys((*MODELS, *variants)):
             runs = [finals[task, model, s] for s in seeds if (task, model, s) in finals]
             accs = [100 * r["test_acc"] for r in runs if r.get("test_acc") is not None]
             mean, std = _mean_std(accs)
             row[model] = {
+                "name": VARIANTS[model][2],
+                "seeds": [s for s in seeds if (task, model, s) in finals],
                 "test_acc": accs,
                 "mean": mean,
                 "std": std,
                 "step_ms": [r["median_step_ms"] for r in runs],
                 "parameters": runs[0]["parameters"] if runs else None,
+                "plateau": [_plateau(root / f"{task}-{model}" / f"seed{s}") for s in seeds
+                            if (task, model, s) in finals],  # fmt: skip
             }
             if runs:
                 row["seq_len"] = runs[0].get("seq_len")
@@ -137,6 +261,19 @@ def summarise(root: Path, tasks, seeds, finals, diagnostics=None) -> dict[str, A
                 ratios.append(h["median_step_ms"] / m["median_step_ms"])
         row["step_time_ratio"] = statistics.median(ratios) if ratios else None
         row["diff_pp"] = row["hkt"]["mean"] - row["mha"]["mean"]
+        row["comparisons"] = {}
+        for other in (v for v in variants if v != "hkt"):
+            both = [s for s in seeds if (task, "hkt", s) in finals and (task, other, s) in finals]
+            a = [100 * finals[task, "hkt", s]["test_acc"] for s in both]
+            b = [100 * finals[task, other, s]["test_acc"] for s in both]
+            if both and None not in a + b:
+                row["comparisons"][f"hkt - {other}"] = paired_difference(a, b)
+        row["shallow"] = (shallow or {}).get(task, {})
+        cue = row["shallow"].get("outermost_operator", {}).get("test")
+        if cue is not None:  # ListOps: do the attention models clearly beat the cue?
+            row["beats_outermost"] = {
+                v: _clearly_above(row[v]["test_acc"], cue) for v in variants if row[v]["test_acc"]
+            }
         diag = [diagnostics[task, s] for s in seeds if (task, s) in (diagnostics or {})]
         row["kappa"] = statistics.mean(d["kappa_mean"] for d in diag) if diag else None
         row["reciprocity"] = statistics.mean(d["reciprocity_mean"] for d in diag) if diag else None
@@ -144,7 +281,15 @@ def summarise(root: Path, tasks, seeds, finals, diagnostics=None) -> dict[str, A
             finals[task, "hkt", s]["hkt"] for s in seeds if (task, "hkt", s) in finals
         ]
         rows[task] = row
-    return {"seeds": list(seeds), "tasks": rows, "root": str(root)}
+    return {"seeds": list(seeds), "variants": list(variants), "tasks": rows, "root": str(root)}
+
+
+def _clearly_above(accs: Sequence[float], level: float) -> bool:
+    """The lower end of the 95% t-interval of the mean accuracy lies above ``level``."""
+    if len(accs) < 2:
+        return bool(accs) and min(accs) > level
+    d = paired_difference(list(accs), [level] * len(accs))
+    return bool(d["ci_low"] > 0)
 
 
 def results_table(results: dict[str, Any]) -> str:
@@ -186,6 +331,8 @@ def results_table(results: dict[str, Any]) -> str:
         "reciprocity: symmetric share of the bilinear forms (`structattn diagnose`), means over "
         "layers, heads and seeds.",
     ]
+    for task, r in results["tasks"].items():
+        lines += ["", *task_block(task, r, results)]
     if results.get("incomplete"):
         lines.append(
             "Not in the table (unfinished; rerun to resume): " + ", ".join(results["incomplete"])
@@ -193,6 +340,74 @@ def results_table(results: dict[str, Any]) -> str:
     if "wall_s" in results:
         lines.append(f"Wall time of this reproduce call: {results['wall_s'] / 60:.1f} min.")
     return "\n".join(lines)
+
+
+SHALLOW_NAMES = {
+    "majority": "shallow: majority class",
+    "token_counts_mlp": "shallow: MLP on token counts",
+    "outermost_operator": "shallow: most frequent answer per outermost operator",
+}
+
+
+def _verdict(d: dict[str, Any], a: str, b: str) -> str:
+    return {"a better": f"{a} better", "b better": f"{b} better"}.get(d["verdict"], "inconclusive")
+
+
+def task_block(task: str, r: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    """Every model of ``task`` beside the shallow baselines, and the paired comparisons."""
+    data = r.get("data_source", "-") + (" **(stand-in)**" if r.get("stand_in") else "")
+    lines = [
+        f"### {task}: {data}, T = {r.get('seq_len') or '-'}",
+        "",
+        "| model | parameters | test accuracy (%) | seeds | curve flat at the end |",
+        "|---|---:|---:|---|---|",
+    ]
+    for variant in results.get("variants", MODELS):
+        m = r[variant]
+        flat = m.get("plateau") or []
+        flat_text = f"{sum(1 for f in flat if f)}/{len(flat)}" if flat else "-"
+        params = f"{m['parameters']:,}" if m.get("parameters") else "-"
+        lines.append(
+            f"| {m['name']} | {params} | {m['mean']:.2f} ± {m['std']:.2f} "
+            f"| {len(m['test_acc'])} | {flat_text} |"
+        )
+    for key, acc in r.get("shallow", {}).items():
+        lines.append(f"| {SHALLOW_NAMES.get(key, key)} | - | {acc['test']:.2f} | - | - |")
+    if r.get("comparisons"):
+        lines += [
+            "",
+            "| comparison (paired by seed) | Δ mean (pp) | 95% interval | verdict |",
+            "|---|---:|---|---|",
+        ]
+        for name, d in r["comparisons"].items():
+            other = name.split(" - ")[1]
+            lines.append(
+                f"| HKT − {r[other]['name']} | {d['mean']:+.2f} "
+                f"| [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}] | {_verdict(d, 'HKT', other)} |"
+            )
+    if "beats_outermost" in r:
+        cue = r["shallow"]["outermost_operator"]["test"]
+        above = [v for v, ok in r["beats_outermost"].items() if ok]
+        below = [v for v, ok in r["beats_outermost"].items() if not ok]
+        text = (
+            f"Above the outermost-operator cue ({cue:.2f}%, the lower end of the 95% interval "
+            f"of the mean): {', '.join(above) or 'none'}"
+        )
+        if below:
+            text += (
+                f"; not clearly above it: {', '.join(below)}. A comparison involving those "
+                "models does not count."
+            )
+        lines += ["", text + "."]
+    sweep = results.get("lr_sweep", {}).get("tasks", {}).get(task)
+    if sweep:
+        parts = [
+            f"{m}: " + ", ".join(f"{lr} → {100 * v:.2f}" for lr, v in s["val_acc"].items())
+            + f" (chosen {s['chosen']})"
+            for m, s in sweep.items()
+        ]
+        lines += ["", "Learning-rate sweep (validation accuracy, %): " + "; ".join(parts) + "."]
+    return lines
 
 
 def _num(x: float | None) -> str:
@@ -210,7 +425,7 @@ def _read_val_curve(run_dir: Path) -> tuple[list[int], list[float]]:
     return [int(r["step"]) for r in rows], [100 * float(r["acc"]) for r in rows]
 
 
-def plot_curves(root: Path, tasks, seeds, path: Path) -> None:
+def plot_curves(root: Path, tasks, seeds, path: Path, variants=MODELS) -> None:
     """Validation accuracy vs step, one panel per task, one line per model and seed."""
     import matplotlib
 
@@ -218,9 +433,11 @@ def plot_curves(root: Path, tasks, seeds, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
-    colours = {"hkt": "tab:red", "mha": "tab:blue"}
+    palette = ["tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown",
+               "tab:pink", "tab:gray"]  # fmt: skip
+    colours = {v: palette[i % len(palette)] for i, v in enumerate(variants)}
     for ax, task in zip(axes[0], tasks):
-        for model in MODELS:
+        for model in variants:
             for j, seed in enumerate(seeds):
                 steps, acc = _read_val_curve(root / f"{task}-{model}" / f"seed{seed}")
                 ax.plot(
@@ -230,7 +447,7 @@ def plot_curves(root: Path, tasks, seeds, path: Path) -> None:
                     ms=3,
                     color=colours[model],
                     alpha=0.8,
-                    label=model.upper() if j == 0 else None,
+                    label=model if j == 0 else None,
                 )
         ax.set(title=task, xlabel="step", ylabel="validation accuracy (%)")
         ax.grid(alpha=0.3)
