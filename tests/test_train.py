@@ -149,7 +149,7 @@ def test_the_six_experiment_files_exist():
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
 def test_every_config_file_parses(path):
     doc = yaml.safe_load(path.read_text())
-    assert set(doc) == {"quick", "paper"}
+    assert set(doc) == {"quick", "cpu", "paper"}
     task, attention = path.stem.split("-")
     for preset in doc:
         cfg = load_experiment(path, preset)
