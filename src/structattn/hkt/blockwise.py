@@ -98,13 +98,9 @@ class _BlockwiseHKT(torch.autograd.Function):
 
 def effective_levels(T: int, n_levels: int, stride: int) -> int:
     """Level 0 and the coarse levels longer than one token (see the module notes)."""
-    n, length = 1, T
-    for _ in range(1, n_levels):
-        length = -(-length // stride)
-        if length <= 1:
-            break
-        n += 1
-    return n
+    from .functional import level_lengths  # functional imports this module
+
+    return 1 + sum(1 for t in level_lengths(T, n_levels, stride)[1:] if t > 1)
 
 
 def blockwise_attention(

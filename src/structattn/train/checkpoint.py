@@ -59,14 +59,24 @@ def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def atomic_save_weights(model: nn.Module, path: Path) -> None:
-    """Write ``model``'s weights to ``path`` (safetensors) through a temporary file + rename."""
+def _saved_weights(model: nn.Module, only_trainable: bool) -> dict[str, torch.Tensor]:
+    """The weights a file holds: all, or only the parameters that require grad."""
+    weights = _weights(model)
+    if only_trainable:
+        keep = {n for n, p in model.named_parameters() if p.requires_grad}
+        weights = {k: v for k, v in weights.items() if k in keep}
+    return weights
+
+
+def atomic_save_weights(model: nn.Module, path: Path, only_trainable: bool = False) -> None:
+    """Write ``model``'s weights (``only_trainable``: just those that require grad) to ``path``
+    (safetensors) through a temporary file + rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(_weights(model), tmp)
+        save_file(_saved_weights(model, only_trainable), tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
@@ -96,12 +106,10 @@ def _tied_names(model: nn.Module) -> set[str]:
     return {n for names in by_storage.values() if len(names) > 1 for n in names}
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights; only tied duplicates may be absent from the file."""
-    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-    untied_missing = sorted(set(missing) - _tied_names(model))
-    if untied_missing or unexpected:
-        raise ValueError(f"{path}: missing {untied_missing}, unexpected {unexpected}")
+def load_weights(model: nn.Module, path: Path, partial: bool = False) -> None:
+    """Load safetensors weights; only tied duplicates may be absent from the file (``partial``:
+    any may be, as in an ``only_trainable`` file); unknown names always fail."""
+    _apply(model, load_file(str(path)), Path(path), partial)
 
 
 def rng_state() -> dict[str, Any]:
@@ -141,11 +149,7 @@ def save_checkpoint(
     final = ckpt_dir / name
     tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".{name}."))
     try:
-        weights = _weights(model)
-        if only_trainable:
-            keep_names = {n for n, p in model.named_parameters() if p.requires_grad}
-            weights = {k: v for k, v in weights.items() if k in keep_names}
-        save_file(weights, str(tmp / "model.safetensors"))
+        save_file(_saved_weights(model, only_trainable), str(tmp / "model.safetensors"))
         torch.save({"step": step, **extra}, tmp / "state.pt")
         os.chmod(tmp, 0o755)
         if final.exists():

@@ -384,39 +384,19 @@ class Engine:
 
     # ------------------------------------------------------------------ weights
 
-    def _trainable_names(self, model: nn.Module) -> set[str]:
-        return {n for n, p in model.named_parameters() if p.requires_grad}
-
     def save_best(self, model: nn.Module) -> None:
-        if not self.is_main:
-            return
-        if self.only_trainable:
-            from safetensors.torch import save_file
-
-            keep = self._trainable_names(model)
-            weights = {
-                k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k in keep
-            }
-            path = self.run_dir / "best.safetensors"
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            save_file(weights, str(tmp))
-            os.replace(tmp, path)
-        else:
-            atomic_save_weights(model, self.run_dir / "best.safetensors")
+        if self.is_main:
+            atomic_save_weights(model, self.run_dir / "best.safetensors", self.only_trainable)
 
     def load_best(self, model: nn.Module) -> bool:
         """Load ``best.safetensors`` into ``model``; ``False`` when there is none."""
         path = self.run_dir / "best.safetensors"
         if not path.is_file():
             return False
-        if self.only_trainable:
-            from safetensors.torch import load_file
-
-            _, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-            if unexpected:
-                raise RunError(f"{path}: unexpected weights {unexpected[:5]}")
-        else:
-            load_weights(model, path)
+        try:
+            load_weights(model, path, partial=self.only_trainable)
+        except ValueError as err:
+            raise RunError(str(err)) from None
         return True
 
     # ------------------------------------------------------------------ the loop

@@ -37,7 +37,14 @@ from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encod
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
 from structattn.glfusion.prompts import build_example, collate_examples, label_token_ids
 
-from .config import OptimConfig, TrainConfig, build_dataclass, config_to_dict, load_preset
+from .config import (
+    RESUMABLE_CHANGES,
+    OptimConfig,
+    TrainConfig,
+    build_dataclass,
+    config_to_dict,
+    load_preset,
+)
 from .engine import Engine, json_safe
 
 __all__ = [
@@ -51,18 +58,8 @@ __all__ = [
 #: The paper's ogbn-arxiv test accuracies (%), Llama-3-8B.
 PAPER_ARXIV = {"ensemble": 78.20, "gnn": 77.09, "lm": 76.43}
 
-#: Keys ``--resume`` lets change (budget, logging, locations).
-GLFUSION_RESUMABLE = frozenset(
-    {
-        "resume",
-        "run_dir",
-        "data_dir",
-        "train.max_steps",
-        "train.stop_at",
-        "train.log_every",
-        "train.keep_checkpoints",
-    }
-)
+#: Keys ``--resume`` lets change: the HKT experiments' set, with GL-Fusion's top-level data_dir.
+GLFUSION_RESUMABLE = (RESUMABLE_CHANGES - {"data.data_dir"}) | {"data_dir"}
 
 LLM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

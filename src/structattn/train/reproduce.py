@@ -63,10 +63,6 @@ ABLATIONS = ("hkt", "hkt-no-hybrid", "hkt-L1-hybrid", "hkt-fixed-lambda", "hkt-L
 SWEEP_SEED = 1000  # the learning-rate sweep's seed, apart from the reported seeds
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    return mean_std(values)
-
-
 def _wide_width(cfg, data, target: int) -> int:
     """The MHA width (a multiple of the head count) whose parameter count is closest to
     ``target``."""
@@ -239,7 +235,7 @@ def summarise(
         for model in dict.fromkeys((*MODELS, *variants)):
             runs = [finals[task, model, s] for s in seeds if (task, model, s) in finals]
             accs = [100 * r["test_acc"] for r in runs if r.get("test_acc") is not None]
-            mean, std = _mean_std(accs)
+            mean, std = mean_std(accs)
             row[model] = {
                 "name": VARIANTS[model][2],
                 "seeds": [s for s in seeds if (task, model, s) in finals],
