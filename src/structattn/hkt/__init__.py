@@ -1,6 +1,7 @@
 """Hierarchical Kernel Transformer (arXiv 2604.08829): multi-resolution attention."""
 
 from .attention import HKTAttention, HKTConfig
+from .cache import LMCache
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import (
     ATTENTION_IMPLS,
@@ -32,6 +33,7 @@ __all__ = [
     "count_parameters",
     "HKTAttention",
     "HKTConfig",
+    "LMCache",
     "HKTCost",
     "hkt_attention",
     "hkt_cost",

@@ -21,12 +21,42 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cache import HKTLayerCache, grow, prompt_lengths
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import ATTENTION_IMPLS, hkt_attention
 
-__all__ = ["HKTConfig", "HKTAttention"]
+__all__ = ["EMPTY", "HKTConfig", "HKTAttention"]
+
+
+class _EmptySlot:
+    """The cache argument of a layer's prefill: fill a new cache from this forward pass."""
+
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+
+#: Pass as ``cache=`` to a layer to run the prompt and get a new cache back.
+EMPTY = _EmptySlot()
+
+
+def _tail(x: Tensor, lengths: Tensor, width: int) -> Tensor:
+    """Rows ``lengths[b] - width .. lengths[b] - 1`` of ``x[b]`` (zeros before row 0):
+    ``x (B, T, D) -> (B, width, D)``."""
+    B, T, D = x.shape
+    idx = lengths[:, None] - width + torch.arange(width, device=x.device)  # (B, width)
+    rows = x.gather(1, idx.clamp(0, max(T - 1, 0))[..., None].expand(B, width, D))
+    return rows.masked_fill((idx < 0)[..., None], 0.0)
+
+
+def _depthwise_last(inputs: Tensor, conv: nn.Conv1d) -> Tensor:
+    """The causal depthwise convolution's output for the last of ``inputs (B, k, D)``, which
+    hold the inputs ``t - k + 1 .. t`` it reads: ``(B, D)``."""
+    w = conv.weight[:, 0, :].transpose(0, 1)  # (k, D)
+    out = (inputs * w).sum(1)
+    return out if conv.bias is None else out + conv.bias
 
 
 @dataclass
@@ -155,7 +185,20 @@ class HKTAttention(nn.Module):
             out.append(down(out[-1]))
         return out
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        cache: HKTLayerCache | None | _EmptySlot = None,
+    ) -> Tensor | tuple[Tensor, HKTLayerCache]:
+        """``x (B, T, D) -> (B, T, D)``.
+
+        With ``cache`` (causal layers only): an empty slot (:data:`EMPTY`) runs the prompt (the
+        prefill; padding must be on the right) and returns ``(y, cache)``; an
+        :class:`HKTLayerCache` takes ``x`` as the next ``T`` tokens of every sequence and
+        returns ``(y, cache)`` with the cache extended, each output equal to the full forward
+        pass's at that position.
+        """
         cfg = self.config
         if x.dim() != 3 or x.shape[-1] != cfg.d_model:
             raise ValueError(
@@ -167,7 +210,13 @@ class HKTAttention(nn.Module):
                 f"key_padding_mask must have shape (B, T) = {(B, T)}, "
                 f"got {tuple(key_padding_mask.shape)}"
             )
+        if cache is not None and not cfg.causal:
+            raise ValueError("a bidirectional HKT layer cannot decode (causal=False)")
+        if isinstance(cache, HKTLayerCache):
+            return self._decode(x, cache), cache
         if T == 0:  # an empty sequence: an empty output, connected to the parameters
+            if cache is not None:
+                raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
             return self.o_proj(self.v_proj(x))
         xs = self.levels(x)
         q = [self._heads(proj(x_l)) for proj, x_l in zip(self.q_proj, xs)]  # (B, H, T_l, d)
@@ -185,14 +234,127 @@ class HKTAttention(nn.Module):
             impl=cfg.impl,
             dropout_p=cfg.attn_dropout if self.training else 0.0,
         )  # (B, H, T, d)
-        y = o.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        if cfg.hybrid:
-            beta = self.beta().to(x.dtype).repeat_interleave(cfg.head_dim)  # (D,) per channel
-            y = torch.lerp(self.conv(v_flat), y, beta)  # beta * y + (1 - beta) * conv, one pass
-        y = self.out_dropout(self.o_proj(y))
+        conv = self.conv(v_flat) if cfg.hybrid else None
+        y = self._output(o.transpose(1, 2).reshape(B, T, D), conv)
         if key_padding_mask is not None:
             y = y.masked_fill(~key_padding_mask[..., None], 0.0)
-        return y
+        if cache is None:
+            return y
+        return y, self._prefill(xs, q, k, v_flat, key_padding_mask)
+
+    def _output(self, attn: Tensor, conv: Tensor | None) -> Tensor:
+        """Hybrid head and output projection: ``attn (..., D)``, ``conv (..., D)`` or None."""
+        if conv is not None:
+            beta = self.beta().to(attn.dtype).repeat_interleave(self.config.head_dim)  # (D,)
+            attn = torch.lerp(conv, attn, beta)  # beta * attn + (1 - beta) * conv, one pass
+        return self.out_dropout(self.o_proj(attn))
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def _prefill(
+        self,
+        xs: list[Tensor],
+        q: list[Tensor],
+        k: list[Tensor],
+        v_flat: Tensor,
+        key_padding_mask: Tensor | None,
+    ) -> HKTLayerCache:
+        """The cache after the prompt: rows past each sequence's length are left as computed
+        (they are never read before being overwritten)."""
+        cfg = self.config
+        B, T, D = v_flat.shape
+        s = cfg.stride
+        lengths = prompt_lengths(key_padding_mask, B, T, v_flat.device)
+        bidx = torch.arange(B, device=v_flat.device)
+        queries, windows = [], []
+        for l in range(cfg.n_levels):
+            last_block = (lengths - 1) // s**l  # (B,) the current block of level l
+            queries.append(q[l][bidx, :, last_block])  # (B, H, d)
+            if l < cfg.n_levels - 1:  # inputs c*s - k + 1 .. c*s - 1 of level l+1's next token
+                windows.append(_tail(xs[l], -(-lengths // s**l), cfg.downsample_kernel - 1))
+        conv_window = _tail(v_flat, lengths, cfg.conv_kernel - 1) if cfg.hybrid else None
+        return HKTLayerCache(
+            keys=[t.clone() for t in k],
+            queries=queries,
+            windows=windows,
+            values=self._heads(v_flat).clone(),
+            conv_window=conv_window,
+            lengths=lengths.clone(),
+        )
+
+    def _decode(self, x: Tensor, cache: HKTLayerCache) -> Tensor:
+        """The next ``T`` tokens of every sequence, one at a time: ``x (B, T, D)``."""
+        if x.shape[0] != cache.lengths.shape[0]:
+            raise ValueError(
+                f"the cache holds {cache.lengths.shape[0]} sequences, got a batch of {x.shape[0]}"
+            )
+        outs = [self._step(x[:, t], cache) for t in range(x.shape[1])]
+        if not outs:
+            return x.new_zeros(x.shape)
+        return torch.stack(outs, dim=1)
+
+    def _step(self, x: Tensor, cache: HKTLayerCache) -> Tensor:
+        """One token per sequence at positions ``cache.lengths``: ``x (B, D) -> (B, D)``.
+
+        Level ``l`` gets a new coarse token where ``pos % s^l == 0``; its query then replaces
+        the block's query and its key is written at row ``pos // s^l``."""
+        cfg = self.config
+        B, D = x.shape
+        H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
+        pos = cache.lengths  # (B,) index of the new token
+        bidx = torch.arange(B, device=x.device)
+        n = pos + 1
+        tok, new = x, torch.ones(B, dtype=torch.bool, device=x.device)
+        for l in range(L):
+            if l > 0:
+                down = self.downsample[l - 1]
+                inputs = torch.cat([cache.windows[l - 1], tok[:, None]], dim=1)  # (B, k, D)
+                keep = new[:, None, None]
+                cache.windows[l - 1] = torch.where(keep, inputs[:, 1:], cache.windows[l - 1])
+                new = new & (pos % s**l == 0)
+                if not bool(new.any()):
+                    break
+                tok = _depthwise_last(inputs, down.conv.conv)  # (B, D)
+                tok = F.gelu(down.norm(tok))
+            k_l = self.k_proj[l](tok).view(B, H, d)
+            q_l = self.q_proj[l](tok).view(B, H, d)
+            keys = grow(cache.keys[l], int((-(-n // s**l)).max()))
+            rows = pos // s**l
+            keys[bidx, :, rows] = torch.where(new[:, None, None], k_l, keys[bidx, :, rows])
+            cache.keys[l] = keys
+            cache.queries[l] = torch.where(new[:, None, None], q_l, cache.queries[l])
+
+        v = self.v_proj(x)  # (B, D)
+        values = grow(cache.values, int(n.max()))
+        values[bidx, :, pos] = v.view(B, H, d)
+        cache.values = values
+
+        # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
+        # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j].
+        n_max = int(n.max())
+        lam = self.level_weights().to(x.dtype)  # (H, L)
+        acc = None
+        for l in reversed(range(L)):
+            T_l = -(-n_max // s**l)
+            s_l = torch.einsum("bhd,bhtd->bht", cache.queries[l], cache.keys[l][:, :, :T_l])
+            s_l = s_l * lam[:, l].view(1, H, 1)
+            if acc is not None:
+                s_l = s_l + acc.repeat_interleave(s, dim=-1)[..., :T_l]
+            acc = s_l
+        scores = acc * (1.0 / math.sqrt(d))  # (B, H, n_max)
+        future = torch.arange(n_max, device=x.device)[None, :] >= n[:, None]  # (B, n_max)
+        probs = torch.softmax(scores.masked_fill(future[:, None], float("-inf")), dim=-1)
+        if self.training and cfg.attn_dropout > 0:
+            probs = F.dropout(probs, p=cfg.attn_dropout)
+        o = torch.einsum("bht,bhtd->bhd", probs, cache.values[:, :, :n_max]).reshape(B, D)
+
+        conv = None
+        if cfg.hybrid:
+            inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
+            cache.conv_window = inputs[:, 1:]
+            conv = _depthwise_last(inputs, self.conv.conv)
+        cache.lengths = n
+        return self._output(o, conv)
 
     def extra_repr(self) -> str:
         c = self.config

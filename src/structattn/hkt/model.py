@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import HKTAttention, HKTConfig
+from .attention import EMPTY, HKTAttention, HKTConfig
+from .cache import KVLayerCache, LMCache, grow, prompt_lengths
 from .functional import masked_sdpa
 
 __all__ = [
@@ -119,14 +120,62 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.o_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        cache: KVLayerCache | None | object = None,
+    ) -> Tensor | tuple[Tensor, KVLayerCache]:
+        """``x (B, T, D) -> (B, T, D)``; with ``cache`` as for :class:`HKTAttention`: ``EMPTY``
+        runs the (right-padded) prompt and returns ``(y, cache)``, a :class:`KVLayerCache`
+        takes ``x`` as the next tokens and returns ``(y, cache)``."""
+        if cache is not None and not self.causal:
+            raise ValueError("a bidirectional attention layer cannot decode (causal=False)")
+        if isinstance(cache, KVLayerCache):
+            return self._decode(x, cache), cache
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        if T == 0 and cache is not None:
+            raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
+        H = self.n_heads
+        q, k, v = self.qkv(x).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
         o = masked_sdpa(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask)
         y = self.o_proj(o.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
         if key_padding_mask is not None:
             y = y.masked_fill(~key_padding_mask[..., None], 0.0)
-        return y
+        if cache is None:
+            return y
+        lengths = prompt_lengths(key_padding_mask, B, T, x.device)
+        return y, KVLayerCache(keys=k.clone(), values=v.clone(), lengths=lengths)
+
+    def _decode(self, x: Tensor, cache: KVLayerCache) -> Tensor:
+        B, T, D = x.shape
+        if B != cache.lengths.shape[0]:
+            raise ValueError(
+                f"the cache holds {cache.lengths.shape[0]} sequences, got a batch of {B}"
+            )
+        bidx = torch.arange(B, device=x.device)
+        outs = []
+        for t in range(T):
+            q, k, v = (
+                self.qkv(x[:, t]).view(B, 3, self.n_heads, 1, D // self.n_heads).unbind(1)
+            )  # (B, H, 1, d)
+            pos = cache.lengths
+            n = pos + 1
+            cache.keys = grow(cache.keys, int(n.max()))
+            cache.values = grow(cache.values, int(n.max()))
+            cache.keys[bidx, :, pos] = k[:, :, 0]
+            cache.values[bidx, :, pos] = v[:, :, 0]
+            n_max = int(n.max())
+            seen = torch.arange(n_max, device=x.device)[None, :] < n[:, None]  # (B, n_max)
+            o = F.scaled_dot_product_attention(
+                q,
+                cache.keys[:, :, :n_max],
+                cache.values[:, :, :n_max],
+                attn_mask=seen[:, None, None, :],
+            )  # (B, H, 1, d)
+            cache.lengths = n
+            outs.append(self.o_proj(o.reshape(B, D)))
+        return torch.stack(outs, dim=1) if outs else x.new_zeros(x.shape)
 
 
 class Block(nn.Module):
@@ -149,9 +198,15 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=mask))
-        return x + self.drop(self.mlp(self.norm2(x)))
+    def forward(self, x: Tensor, mask: Tensor | None, cache=None):
+        """``(B, T, D) -> (B, T, D)``; with ``cache`` (see the attention layers) also the
+        layer's cache: ``(y, cache)``."""
+        if cache is None:
+            x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=mask))
+            return x + self.drop(self.mlp(self.norm2(x)))
+        a, cache = self.attn(self.norm1(x), key_padding_mask=mask, cache=cache)
+        x = x + self.drop(a)
+        return x + self.drop(self.mlp(self.norm2(x))), cache
 
 
 class Encoder(nn.Module):
@@ -170,33 +225,113 @@ class Encoder(nn.Module):
         with torch.no_grad():
             self.tok.weight[0].zero_()
 
-    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+    def signature(self) -> tuple:
+        """What a decoding cache must match: every option that shapes its tensors."""
+        c, h = self.config, self.config.hkt
+        return (
+            c.attention, c.vocab_size, c.max_len, c.d_model, c.n_layers, c.n_heads, c.causal,
+            h.n_levels, h.stride, h.downsample_kernel, h.conv_kernel, h.hybrid,
+        )  # fmt: skip
+
+    def new_cache(self) -> LMCache:
+        """An empty decoding cache for this model (filled by the prompt's forward pass)."""
+        if not self.config.causal:
+            raise ValueError("only a causal model can decode (causal=False)")
+        return LMCache(self.signature(), self.config.n_layers, self.config.hkt.stride)
+
+    def forward(
+        self, tokens: Tensor, mask: Tensor | None = None, cache: LMCache | None = None
+    ) -> Tensor:
+        """``tokens (B, T) -> (B, T, D)``.
+
+        Padding may sit on either side: a left-padded row (padding, then one block of real
+        tokens, as in batched generation) is run left-aligned, so every row gives the outputs
+        it gives alone. With ``cache`` (an :class:`LMCache` from :meth:`new_cache`): an empty
+        cache is filled from this pass (the prompt); a filled one takes ``tokens`` as the next
+        tokens of every sequence (``mask`` then must be None or all True).
+        """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
         B, T = tokens.shape
-        if T > self.config.max_len:
-            raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
         if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, T)):
             raise ValueError(
                 f"mask must be bool (B, T) = {(B, T)}, got {mask.dtype} {tuple(mask.shape)}"
             )
+        if cache is not None:
+            if not isinstance(cache, LMCache):
+                raise ValueError(f"cache must be an LMCache, got {type(cache).__name__}")
+            if cache.signature != self.signature():
+                raise ValueError(
+                    "this cache belongs to a model with another configuration "
+                    f"({cache.signature} != {self.signature()})"
+                )
+            if not cache.is_empty:
+                return self._decode(tokens, mask, cache)
+        if T > self.config.max_len:
+            raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
+        shift = None
+        if mask is not None and not _right_padded(mask):
+            shift = (~mask).long().cumprod(1).sum(1)  # (B,) leading padding per row
+            rolled = _roll_rows(mask, shift)
+            if _right_padded(rolled):  # left padding: run the rows left-aligned
+                tokens, mask = _roll_rows(tokens, shift), rolled
+            elif cache is not None:
+                raise ValueError("prompt rows must be one block of real tokens (no holes)")
+            else:
+                shift = None
         pos = torch.arange(T, device=tokens.device)
         x = self.drop(self.tok(tokens) + self.pos(pos))  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, mask)
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                x = block(x, mask)
+            else:
+                x, cache.layers[i] = block(x, mask, cache=EMPTY)
+        x = self.norm(x)
+        return x if shift is None else _roll_rows(x, -shift)
+
+    def _decode(self, tokens: Tensor, mask: Tensor | None, cache: LMCache) -> Tensor:
+        B, T = tokens.shape
+        if B != cache.lengths.shape[0]:
+            raise ValueError(
+                f"the cache holds {cache.lengths.shape[0]} sequences, got a batch of {B}"
+            )
+        if mask is not None and not bool(mask.all()):
+            raise ValueError("tokens decoded with a cache must all be real (mask all True)")
+        pos = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # (B, T)
+        if T and int(pos.max()) >= self.config.max_len:
+            raise ValueError(
+                f"cannot decode past max_len={self.config.max_len} "
+                f"(position {int(pos.max())} requested)"
+            )
+        x = self.drop(self.tok(tokens) + self.pos(pos))
+        for i, block in enumerate(self.blocks):
+            x, cache.layers[i] = block(x, None, cache=cache.layers[i])
         return self.norm(x)
 
     def hkt_layers(self) -> list[HKTAttention]:
         return [b.attn for b in self.blocks if isinstance(b.attn, HKTAttention)]
 
 
+def _right_padded(mask: Tensor) -> bool:
+    return not bool((mask[:, 1:] & ~mask[:, :-1]).any())
+
+
+def _roll_rows(x: Tensor, shift: Tensor) -> Tensor:
+    """Row ``b`` of ``x (B, T, ...)`` rotated left by ``shift[b]``."""
+    B, T = x.shape[:2]
+    idx = (torch.arange(T, device=x.device)[None, :] + shift[:, None]) % max(T, 1)  # (B, T)
+    idx = idx.view(B, T, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(1, idx)
+
+
 @dataclass
 class ModelOutput:
-    """What the models return, in the transformers convention: ``logits``, and ``loss`` when
-    ``labels`` were given (``None`` otherwise)."""
+    """What the models return, in the transformers convention: ``logits``, ``loss`` when
+    ``labels`` were given (``None`` otherwise) and the decoding ``cache`` when one was used."""
 
     logits: Tensor
     loss: Tensor | None = None
+    cache: LMCache | None = None
 
 
 class SequenceClassifier(nn.Module):
@@ -235,7 +370,8 @@ class CausalLM(nn.Module):
 
     Attention is forced causal; the output head is tied to the token embedding.
     ``labels (B, T)`` are shifted inside (position t predicts ``labels[:, t + 1]``), as in
-    transformers; ``-100`` is ignored.
+    transformers; ``-100`` is ignored, and so is any target whose predicting position is
+    padding (the first real token of a left-padded row).
     """
 
     def __init__(self, config: ModelConfig):
@@ -245,19 +381,34 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.encoder.tok.weight
 
+    def new_cache(self) -> LMCache:
+        """An empty decoding cache (see :meth:`forward`)."""
+        return self.encoder.new_cache()
+
     def forward(
-        self, tokens: Tensor, mask: Tensor | None = None, labels: Tensor | None = None
+        self,
+        tokens: Tensor,
+        mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        cache: LMCache | None = None,
     ) -> ModelOutput:
-        logits = self.lm_head(self.encoder(tokens, mask))
+        """Next-token logits ``(B, T, vocab)``. With ``cache`` from :meth:`new_cache`, the
+        first call runs the prompt (left- or right-padded) and fills it, each later call takes
+        the next tokens of every sequence; the logits equal those of one forward pass over
+        the whole text, and the cache is returned as ``.cache``."""
+        logits = self.lm_head(self.encoder(tokens, mask, cache=cache))
         loss = None
         if labels is not None:
             shifted = logits[:, :-1].float()
+            targets = labels[:, 1:]
+            if mask is not None:  # a padded position predicts nothing (left padding)
+                targets = targets.masked_fill(~mask[:, :-1], -100)
             loss = F.cross_entropy(
                 shifted.reshape(-1, shifted.shape[-1]),
-                labels[:, 1:].reshape(-1),
+                targets.reshape(-1),
                 ignore_index=-100,
             )
-        return ModelOutput(logits=logits, loss=loss)
+        return ModelOutput(logits=logits, loss=loss, cache=cache)
 
     def loss(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean next-token cross-entropy over real target tokens."""

@@ -1,0 +1,224 @@
+"""Streaming decoding of causal HKT and MHA language models: prefill + one token at a time
+equals one forward pass over the whole text, at every position (float64)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from structattn.hkt import CausalLM, ModelConfig
+from structattn.hkt.cache import HKTLayerCache, KVLayerCache, LMCache
+
+VOCAB = 31
+
+
+def make_lm(attention="hkt", n_levels=3, stride=2, kd=3, kc=3, hybrid=True, max_len=96, seed=0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        max_len=max_len,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        attention=attention,
+        dropout=0.0,
+        hkt=dict(
+            n_levels=n_levels,
+            stride=stride,
+            downsample_kernel=kd,
+            conv_kernel=kc,
+            hybrid=hybrid,
+            beta_init=0.6,
+            level_logits_init=0.3,
+        ),
+    )
+    return CausalLM(cfg).double().eval()
+
+
+def left_padded(texts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    P = max(len(t) for t in texts)
+    ids = torch.zeros(len(texts), P, dtype=torch.long)
+    mask = torch.zeros(len(texts), P, dtype=torch.bool)
+    for b, t in enumerate(texts):
+        ids[b, P - len(t) :] = t
+        mask[b, P - len(t) :] = True
+    return ids, mask
+
+
+def decode_errors(model, lens, extra, seed=1):
+    """Max |logit difference| of (prefill of left-padded prompts of lengths ``lens`` + ``extra``
+    single-token steps) against (a) the full forward of each text alone and (b) the full
+    forward of the left-padded batch of whole texts."""
+    g = torch.Generator().manual_seed(seed)
+    full = [torch.randint(1, VOCAB, (n + extra,), generator=g) for n in lens]
+    ids, mask = left_padded([t[:n] for t, n in zip(full, lens)])
+    P = ids.shape[1]
+    cache = model.new_cache()
+    out = model(ids, mask, cache=cache)
+    assert out.cache is cache
+    alone = [model(t[None]).logits[0] for t in full]
+    whole_ids, whole_mask = left_padded(full)
+    batch = model(whole_ids, whole_mask).logits
+    err_alone = err_batch = 0.0
+    Q = whole_ids.shape[1]
+    for b, n in enumerate(lens):
+        got = out.logits[b, P - n :]
+        err_alone = max(err_alone, (got - alone[b][:n]).abs().max().item())
+        err_batch = max(err_batch, (got - batch[b, Q - n - extra : Q - extra]).abs().max().item())
+    for t in range(extra):
+        nxt = torch.stack([full[b][n + t] for b, n in enumerate(lens)])[:, None]
+        step = model(nxt, cache=cache).logits[:, 0]
+        for b, n in enumerate(lens):
+            err_alone = max(err_alone, (step[b] - alone[b][n + t]).abs().max().item())
+            err_batch = max(err_batch, (step[b] - batch[b, Q - extra + t]).abs().max().item())
+    return err_alone, err_batch
+
+
+GRID = list(itertools.product([1, 2, 3, 4], [2, 3], [1, 2, 4], [True, False]))
+
+
+@pytest.mark.parametrize("n_levels,stride,kernel,hybrid", GRID)
+def test_hkt_decode_equals_full_forward(n_levels, stride, kernel, hybrid):
+    model = make_lm("hkt", n_levels, stride, kd=kernel, kc=5 - kernel, hybrid=hybrid)
+    # prompts that do (8, 9 = s^l) and do not (5, 11) align with block boundaries; 13 steps
+    # cross several coarse-token births at every level
+    lens = [8, 5, 11] if stride == 2 else [9, 5, 11]
+    err_alone, err_batch = decode_errors(model, lens, extra=13)
+    assert err_alone <= 1e-10
+    assert err_batch <= 1e-10
+
+
+def test_mha_decode_equals_full_forward():
+    model = make_lm("mha")
+    err_alone, err_batch = decode_errors(model, [7, 1, 12], extra=10)
+    assert err_alone <= 1e-10 and err_batch <= 1e-10
+
+
+def test_decode_several_tokens_per_call_and_one_token_prompts():
+    model = make_lm("hkt", n_levels=3, stride=2)
+    g = torch.Generator().manual_seed(3)
+    text = torch.randint(1, VOCAB, (2, 20), generator=g)
+    ref = model(text).logits
+    cache = model.new_cache()
+    got = [model(text[:, :1], cache=cache).logits]
+    got.append(model(text[:, 1:6], cache=cache).logits)  # five at once
+    for t in range(6, 20):
+        got.append(model(text[:, t : t + 1], cache=cache).logits)
+    assert torch.allclose(torch.cat(got, 1), ref, atol=1e-10, rtol=0)
+    assert cache.get_seq_length() == 20
+
+
+def test_left_padding_gives_each_row_its_own_outputs():
+    """A left-padded row is run left-aligned: its logits are those of the row alone (HKT's block
+    boundaries sit at the row's own multiples of s^l)."""
+    model = make_lm("hkt", n_levels=3, stride=2)
+    g = torch.Generator().manual_seed(4)
+    texts = [torch.randint(1, VOCAB, (n,), generator=g) for n in (3, 10, 6)]
+    ids, mask = left_padded(texts)
+    logits = model(ids, mask).logits
+    for b, t in enumerate(texts):
+        alone = model(t[None]).logits[0]
+        assert torch.allclose(logits[b, -len(t) :], alone, atol=1e-12, rtol=0)
+    # and the same for the loss with labels (-100 on padding)
+    labels = ids.masked_fill(~mask, -100)
+    loss = model(ids, mask, labels=labels).loss
+    right = torch.zeros_like(ids)
+    for b, t in enumerate(texts):
+        right[b, : len(t)] = t
+    rmask = right != 0
+    rloss = model(right, rmask, labels=right.masked_fill(~rmask, -100)).loss
+    assert torch.allclose(loss, rloss, atol=1e-12, rtol=0)
+
+
+def test_cache_holds_what_the_design_says():
+    model = make_lm("hkt", n_levels=3, stride=2, kd=3, kc=3)
+    cache = model.new_cache()
+    model(torch.randint(1, VOCAB, (2, 11)), cache=cache)
+    layer = cache.layers[0]
+    assert isinstance(layer, HKTLayerCache)
+    assert layer.lengths.tolist() == [11, 11]
+    assert [k.shape[2] >= -(-11 // 2**l) for l, k in enumerate(layer.keys)] == [True] * 3
+    assert [tuple(w.shape) for w in layer.windows] == [(2, 2, 16), (2, 2, 16)]
+    assert tuple(layer.conv_window.shape) == (2, 2, 16)
+    # bytes in use: keys at every level (11 + 6 + 3 rows) + values (11 rows), per layer
+    mha = make_lm("mha")
+    mcache = mha.new_cache()
+    mha(torch.randint(1, VOCAB, (2, 11)), cache=mcache)
+    assert isinstance(mcache.layers[0], KVLayerCache)
+    row = 2 * 2 * 8 * 8  # B * H * d * bytes
+    assert mcache.nbytes() == 2 * (2 * 11 * row)
+    extra = 2 * (3 * 2 * 2 * 8 * 8 + 3 * 2 * 2 * 16 * 8)  # queries + 3 windows, per layer
+    assert cache.nbytes() == 2 * ((11 + 6 + 3 + 11) * row) + extra
+
+
+def test_reorder_cache_keeps_and_repeats_sequences():
+    model = make_lm("hkt", n_levels=3, stride=2)
+    g = torch.Generator().manual_seed(5)
+    text = torch.randint(1, VOCAB, (3, 14), generator=g)
+    cache = model.new_cache()
+    model(text[:, :9], cache=cache)
+    cache.reorder_cache(torch.tensor([2, 2, 0]))
+    picked = text[[2, 2, 0]]
+    steps = [model(picked[:, t : t + 1], cache=cache).logits[:, 0] for t in range(9, 14)]
+    ref = model(picked).logits[:, 9:]
+    assert torch.allclose(torch.stack(steps, 1), ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("attention", ["hkt", "mha"])
+def test_bad_input_is_named(attention):
+    model = make_lm(attention, max_len=16)
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        model(torch.ones(1, 17, dtype=torch.long), cache=model.new_cache())
+    cache = model.new_cache()
+    model(torch.ones(1, 15, dtype=torch.long), cache=cache)
+    model(torch.ones(1, 1, dtype=torch.long), cache=cache)  # position 15: the last one
+    with pytest.raises(ValueError, match="past max_len"):
+        model(torch.ones(1, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="empty prompt"):
+        model(torch.ones(1, 0, dtype=torch.long), cache=model.new_cache())
+    with pytest.raises(ValueError, match="empty prompt"):
+        ids = torch.ones(2, 4, dtype=torch.long)
+        mask = torch.tensor([[True] * 4, [False] * 4])
+        model(ids, mask, cache=model.new_cache())
+    with pytest.raises(ValueError, match="no holes"):
+        mask = torch.tensor([[True, False, True, True]])
+        model(torch.ones(1, 4, dtype=torch.long), mask, cache=model.new_cache())
+    other = make_lm(attention, n_levels=2, max_len=16)
+    cache = other.new_cache()
+    other(torch.ones(1, 3, dtype=torch.long), cache=cache)
+    wanted = "another configuration" if attention == "hkt" else "another configuration|sequences"
+    if attention == "hkt":
+        with pytest.raises(ValueError, match=wanted):
+            model(torch.ones(1, 1, dtype=torch.long), cache=cache)
+    cache = model.new_cache()
+    model(torch.ones(2, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="holds 2 sequences"):
+        model(torch.ones(3, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="must all be real"):
+        model(torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.bool), cache=cache)
+    with pytest.raises(ValueError, match="LMCache"):
+        model(torch.ones(1, 3, dtype=torch.long), cache={})
+
+
+def test_cache_of_another_width_is_refused_for_mha():
+    a, b = make_lm("mha"), make_lm("mha", max_len=50)
+    cache = b.new_cache()
+    b(torch.ones(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="another configuration"):
+        a(torch.ones(1, 1, dtype=torch.long), cache=cache)
+
+
+def test_bidirectional_models_cannot_decode():
+    from structattn.hkt.model import Encoder
+
+    enc = Encoder(ModelConfig(vocab_size=VOCAB, d_model=16, n_heads=2, causal=False))
+    with pytest.raises(ValueError, match="causal"):
+        enc.new_cache()
+
+
+def test_cache_repr_and_lengths():
+    cache = LMCache(("x",), 2, 2)
+    assert cache.is_empty and cache.lengths is None and cache.get_seq_length() == 0
+    assert "empty" in repr(cache) and len(cache) == 2
