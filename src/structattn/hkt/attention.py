@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import HKTLayerCache, grow, prompt_lengths
+from .cache import HKTLayerCache, decode_attention, grow, prompt_lengths
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import ATTENTION_IMPLS, hkt_attention
 
@@ -165,6 +165,10 @@ class HKTAttention(nn.Module):
         """Convex level weights ``lambda = softmax(theta)``, shape ``(H, L)``."""
         return torch.softmax(self.level_logits, dim=-1)
 
+    def attn_drop_p(self) -> float:
+        """Attention dropout in effect now (0 in eval mode)."""
+        return self.config.attn_dropout if self.training else 0.0
+
     def beta(self) -> Tensor:
         """Attention share of the hybrid head per head, shape ``(H,)`` (ones if not hybrid)."""
         if not self.config.hybrid:
@@ -304,6 +308,48 @@ class HKTAttention(nn.Module):
         pos = cache.lengths  # (B,) index of the new token
         bidx = torch.arange(B, device=x.device)
         n = pos + 1
+        # Read keys 0 .. T0 - 1 with T0 a multiple of s^(L-1): every level then holds exactly
+        # T0 / s^l rows and the coarse-to-fine sum is a reshape (rows past n are masked).
+        span = s ** (L - 1)
+        T0 = -(-int(n.max()) // span) * span
+        if B == 1 or bool((pos == pos[0]).all()):
+            self._new_coarse_tokens_aligned(x, cache, int(pos[0]), T0)
+        else:
+            self._new_coarse_tokens(x, cache, pos, T0)
+
+        v = self.v_proj(x)  # (B, D)
+        values = grow(cache.values, T0)
+        values[bidx, :, pos] = v.view(B, H, d)
+        cache.values = values
+
+        # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
+        # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j]; lambda and the
+        # scale go on the queries (d numbers each instead of T).
+        w = self.level_weights().to(x.dtype) * (1.0 / math.sqrt(d))  # (H, L)
+        acc = None
+        for l in reversed(range(L)):
+            q_l = (cache.queries[l] * w[:, l, None])[:, :, None, :]  # (B, H, 1, d)
+            s_l = (q_l @ cache.keys[l][:, :, : T0 // s**l].transpose(-1, -2)).squeeze(-2)
+            if acc is not None:  # (B, H, T_l) += upsampled (B, H, T_l / s)
+                s_l = (s_l.unflatten(-1, (-1, s)) + acc[..., None]).flatten(-2)
+            acc = s_l
+        o = decode_attention(acc, n, cache.values[:, :, :T0], self.attn_drop_p()).reshape(B, D)
+
+        conv = None
+        if cfg.hybrid:
+            inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
+            cache.conv_window = inputs[:, 1:]
+            conv = _depthwise_last(inputs, self.conv.conv)
+        cache.lengths = n
+        return self._output(o, conv)
+
+    def _new_coarse_tokens(self, x: Tensor, cache: HKTLayerCache, pos: Tensor, T0: int) -> None:
+        """Queries, keys and windows of every level for tokens at positions ``pos (B,)``:
+        level ``l`` gets a coarse token where ``pos % s^l == 0`` (per sequence)."""
+        cfg = self.config
+        B, _ = x.shape
+        H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
+        bidx = torch.arange(B, device=x.device)
         tok, new = x, torch.ones(B, dtype=torch.bool, device=x.device)
         for l in range(L):
             if l > 0:
@@ -313,48 +359,42 @@ class HKTAttention(nn.Module):
                 cache.windows[l - 1] = torch.where(keep, inputs[:, 1:], cache.windows[l - 1])
                 new = new & (pos % s**l == 0)
                 if not bool(new.any()):
+                    for m in range(l, L):  # no new coarse token: only make room
+                        cache.keys[m] = grow(cache.keys[m], T0 // s**m)
                     break
                 tok = _depthwise_last(inputs, down.conv.conv)  # (B, D)
                 tok = F.gelu(down.norm(tok))
             k_l = self.k_proj[l](tok).view(B, H, d)
             q_l = self.q_proj[l](tok).view(B, H, d)
-            keys = grow(cache.keys[l], int((-(-n // s**l)).max()))
+            keys = grow(cache.keys[l], T0 // s**l)
             rows = pos // s**l
             keys[bidx, :, rows] = torch.where(new[:, None, None], k_l, keys[bidx, :, rows])
             cache.keys[l] = keys
             cache.queries[l] = torch.where(new[:, None, None], q_l, cache.queries[l])
 
-        v = self.v_proj(x)  # (B, D)
-        values = grow(cache.values, int(n.max()))
-        values[bidx, :, pos] = v.view(B, H, d)
-        cache.values = values
-
-        # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
-        # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j].
-        n_max = int(n.max())
-        lam = self.level_weights().to(x.dtype)  # (H, L)
-        acc = None
-        for l in reversed(range(L)):
-            T_l = -(-n_max // s**l)
-            s_l = torch.einsum("bhd,bhtd->bht", cache.queries[l], cache.keys[l][:, :, :T_l])
-            s_l = s_l * lam[:, l].view(1, H, 1)
-            if acc is not None:
-                s_l = s_l + acc.repeat_interleave(s, dim=-1)[..., :T_l]
-            acc = s_l
-        scores = acc * (1.0 / math.sqrt(d))  # (B, H, n_max)
-        future = torch.arange(n_max, device=x.device)[None, :] >= n[:, None]  # (B, n_max)
-        probs = torch.softmax(scores.masked_fill(future[:, None], float("-inf")), dim=-1)
-        if self.training and cfg.attn_dropout > 0:
-            probs = F.dropout(probs, p=cfg.attn_dropout)
-        o = torch.einsum("bht,bhtd->bhd", probs, cache.values[:, :, :n_max]).reshape(B, D)
-
-        conv = None
-        if cfg.hybrid:
-            inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
-            cache.conv_window = inputs[:, 1:]
-            conv = _depthwise_last(inputs, self.conv.conv)
-        cache.lengths = n
-        return self._output(o, conv)
+    def _new_coarse_tokens_aligned(
+        self, x: Tensor, cache: HKTLayerCache, pos: int, T0: int
+    ) -> None:
+        """:meth:`_new_coarse_tokens` when every sequence is at the same position ``pos``
+        (batch of one, or equal prompt lengths): the same updates without per-row selects."""
+        cfg = self.config
+        B, _ = x.shape
+        H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
+        tok = x
+        for l in range(L):
+            if l > 0:
+                down = self.downsample[l - 1]
+                inputs = torch.cat([cache.windows[l - 1], tok[:, None]], dim=1)  # (B, k, D)
+                cache.windows[l - 1] = inputs[:, 1:]
+                if pos % s**l:  # no new coarse token from here up: only make room
+                    for m in range(l, L):
+                        cache.keys[m] = grow(cache.keys[m], T0 // s**m)
+                    return
+                tok = F.gelu(down.norm(_depthwise_last(inputs, down.conv.conv)))  # (B, D)
+            keys = grow(cache.keys[l], T0 // s**l)
+            keys[:, :, pos // s**l] = self.k_proj[l](tok).view(B, H, d)
+            cache.keys[l] = keys
+            cache.queries[l] = self.q_proj[l](tok).view(B, H, d)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["HKTLayerCache", "KVLayerCache", "LMCache", "grow", "prompt_lengths"]
+__all__ = ["HKTLayerCache", "KVLayerCache", "LMCache", "decode_attention", "grow", "prompt_lengths"]
 
 
 def grow(buf: Tensor, needed: int, dim: int = 2) -> Tensor:
@@ -40,6 +40,19 @@ def grow(buf: Tensor, needed: int, dim: int = 2) -> Tensor:
     shape = list(buf.shape)
     shape[dim] = new - have
     return torch.cat([buf, buf.new_zeros(shape)], dim=dim)
+
+
+def decode_attention(scores: Tensor, n: Tensor, values: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """One query per sequence over its cached keys: ``scores (B, H, T)`` (already scaled),
+    ``n (B,)`` keys in use per sequence (later rows are masked), ``values (B, H, T, d)``;
+    returns ``(B, H, d)``. Shared by the HKT and multi-head-attention caches, so that decoding
+    speed compares the attention, not the kernels."""
+    T = scores.shape[-1]
+    future = torch.arange(T, device=scores.device)[None, :] >= n[:, None]  # (B, T)
+    probs = torch.softmax(scores.masked_fill(future[:, None], float("-inf")), dim=-1)
+    if dropout_p > 0:
+        probs = torch.nn.functional.dropout(probs, p=dropout_p)
+    return (probs[:, :, None, :] @ values).squeeze(-2)
 
 
 def prompt_lengths(mask: Tensor | None, B: int, T: int, device) -> Tensor:

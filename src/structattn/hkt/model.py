@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import EMPTY, HKTAttention, HKTConfig
-from .cache import KVLayerCache, LMCache, grow, prompt_lengths
+from .cache import KVLayerCache, LMCache, decode_attention, grow, prompt_lengths
 from .functional import masked_sdpa
 
 __all__ = [
@@ -117,6 +117,7 @@ class MultiHeadAttention(nn.Module):
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.n_heads, self.causal = n_heads, causal
+        self.scale = (d_model // n_heads) ** -0.5
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.o_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -166,13 +167,8 @@ class MultiHeadAttention(nn.Module):
             cache.keys[bidx, :, pos] = k[:, :, 0]
             cache.values[bidx, :, pos] = v[:, :, 0]
             n_max = int(n.max())
-            seen = torch.arange(n_max, device=x.device)[None, :] < n[:, None]  # (B, n_max)
-            o = F.scaled_dot_product_attention(
-                q,
-                cache.keys[:, :, :n_max],
-                cache.values[:, :, :n_max],
-                attn_mask=seen[:, None, None, :],
-            )  # (B, H, 1, d)
+            scores = (q @ cache.keys[:, :, :n_max].transpose(-1, -2)).squeeze(-2) * self.scale
+            o = decode_attention(scores, n, cache.values[:, :, :n_max])  # (B, H, d)
             cache.lengths = n
             outs.append(self.o_proj(o.reshape(B, D)))
         return torch.stack(outs, dim=1) if outs else x.new_zeros(x.shape)
