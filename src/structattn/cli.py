@@ -267,8 +267,45 @@ class Diagnose:
         print("wrote " + ", ".join(report["plots"]) + " and diagnostics.md / .json")
 
 
+@dataclass
+class Generate:
+    """Continue a prompt with a trained byte-level language model (`structattn lm`), through
+    transformers' generate on the model's decoding cache."""
+
+    run_dir: tyro.conf.Positional[Path]  # a run of `structattn lm` (or a save_pretrained folder)
+    prompt: tuple[str, ...] = ("The",)  # one or more prompts (a batch)
+    max_new_tokens: int = 200  # tokens (bytes) to generate per prompt
+    temperature: float = 0.8  # sampling temperature
+    top_k: int = 40  # sample from the k most likely bytes
+    greedy: bool = False  # the most likely byte at every step instead of sampling
+    seed: int = 0  # sampling seed
+
+    def run(self) -> None:
+        from structattn.train.lm import generate_text, load_lm
+
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        model = load_lm(self.run_dir)
+        texts = generate_text(
+            model,
+            list(self.prompt),
+            self.max_new_tokens,
+            self.temperature,
+            self.top_k,
+            do_sample=not self.greedy,
+            seed=self.seed,
+        )
+        for prompt, text in zip(self.prompt, texts):
+            print(prompt + text)
+            if len(self.prompt) > 1:
+                print("-" * 40)
+
+
 COMMANDS = {
     "cost": Cost,
+    "generate": Generate,
     "data": Data,
     "diagnose": Diagnose,
     "eval": Eval,
@@ -339,6 +376,21 @@ def train_main(argv: list[str]) -> None:
     print(json.dumps(final, indent=2))
 
 
+def lm_main(argv: list[str]) -> None:
+    """``structattn lm``: a byte-level HKT or MHA language model (flags over the defaults)."""
+    from structattn.train.lm import LMExperimentConfig, train_lm
+
+    cfg = _parse(
+        LMExperimentConfig,
+        LMExperimentConfig(),
+        argv,
+        "structattn lm",
+        "Train a byte-level causal language model (HKT, or MHA with --model.attention mha) on "
+        "the text corpus; reports bits per byte on held-out text and writes samples.",
+    )
+    print(json.dumps(train_lm(cfg), indent=2))
+
+
 #: Every command with its one-line summary, for ``structattn --help``.
 SUMMARIES = {
     "train": "Train one HKT or MHA model on a task (a shipped experiment + preset, flags on top).",
@@ -346,6 +398,8 @@ SUMMARIES = {
     "reproduce": "Train HKT and MHA on each task and seed, then write the comparison table.",
     "ablate": "HKT's ablations (hybrid head, levels, learned λ) on one task, one table.",
     "diagnose": "Measure the paper's theory on a trained HKT run (report and plots).",
+    "lm": "Train a byte-level HKT or MHA language model: bits per byte and samples.",
+    "generate": "Continue a prompt with a trained language model (`structattn lm`).",
     "glfusion": "GL-Fusion: `structattn glfusion train` on a text-attributed graph.",
     "data": "Fetch the offline stand-in datasets; summarise a task's data.",
     "params": "Parameter counts of HKT and the MHA baseline from one config.",
@@ -372,6 +426,9 @@ def main(argv: list[str] | None = None) -> None:
             return
         if argv[0] == "glfusion":
             glfusion_main(argv[1:])
+            return
+        if argv[0] == "lm":
+            lm_main(argv[1:])
             return
         if argv[0] not in COMMANDS:
             raise ConfigError(f"unknown command {argv[0]!r}; choose from {list(SUMMARIES)}")
