@@ -52,8 +52,13 @@ class GraphTextCrossAttention(nn.Module):
         node_batch: Tensor,
         node_slots: Tensor,
         attention_mask: Tensor | None = None,
+        after_graph: Tensor | None = None,
     ) -> Tensor:
-        """``node_slots (M, 2)``: (sequence, position) of each node's token, in node order."""
+        """``node_slots (M, 2)``: (sequence, position) of each node's token, in node order.
+
+        ``after_graph (B,)`` bool, for decoding: ``hidden`` holds only new text tokens, all after
+        their sequence's graph where True (they read every node text), with no node token among
+        them (``node_slots`` is then empty)."""
         B, S, D = hidden.shape
         H, hd = self.num_heads, D // self.num_heads
         M, Lt, _ = node_text.shape
@@ -69,13 +74,31 @@ class GraphTextCrossAttention(nn.Module):
         s1 = s1.masked_fill(~tmask[:, None, None], torch.finfo(s1.dtype).min)
         r = torch.einsum("bshnl,bnlhd->bshnd", s1.softmax(-1), v)  # (B, S, H, Nmax, hd)
         # Stage 2 visibility (B, S, Nmax): own node for node tokens, all nodes after the graph.
-        idx = torch.arange(S, device=hidden.device)
-        local = torch.arange(M, device=hidden.device) - torch.searchsorted(
+        visible = self._visibility(B, S, M, n_max, node_batch, node_slots, node_valid,
+                                   attention_mask, after_graph, hidden.device)  # fmt: skip
+        s2 = torch.einsum("bshd,bshnd->bshn", q, r) / math.sqrt(hd)
+        s2 = s2.masked_fill(~visible[:, :, None], torch.finfo(s2.dtype).min)
+        out = torch.einsum("bshn,bshnd->bshd", s2.softmax(-1), r).reshape(B, S, D)
+        reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
+        return hidden + torch.tanh(self.gate) * self.out(out) * reads
+
+    @staticmethod
+    def _visibility(
+        B, S, M, n_max, node_batch, node_slots, node_valid, attention_mask, after_graph, device
+    ) -> Tensor:
+        """``(B, S, Nmax)`` bool: which nodes' texts each position reads in stage 2."""
+        if after_graph is not None:
+            if node_slots.numel():
+                raise ValueError("after_graph is for decoding text tokens (no node slots)")
+            after = after_graph.to(device)[:, None].expand(B, S)
+            return after[:, :, None] & node_valid[:, None, :]
+        idx = torch.arange(S, device=device)
+        local = torch.arange(M, device=device) - torch.searchsorted(
             node_batch, node_batch, right=False
         )  # node index within its sequence
-        node_of_pos = torch.full((B, S), -1, dtype=torch.long, device=hidden.device)
+        node_of_pos = torch.full((B, S), -1, dtype=torch.long, device=device)
         node_of_pos[node_slots[:, 0], node_slots[:, 1]] = local
-        last_node = torch.full((B,), S, dtype=torch.long, device=hidden.device)
+        last_node = torch.full((B,), S, dtype=torch.long, device=device)
         last_node.scatter_reduce_(
             0, node_slots[:, 0], node_slots[:, 1], reduce="amax", include_self=False
         )
@@ -83,12 +106,7 @@ class GraphTextCrossAttention(nn.Module):
         after = (idx[None] > last_node[:, None]) & has_graph[:, None]  # (B, S)
         if attention_mask is not None:
             after = after & attention_mask.bool()
-        nodes = torch.arange(n_max, device=hidden.device)
-        visible = (after[:, :, None] & node_valid[:, None, :]) | (
+        nodes = torch.arange(n_max, device=device)
+        return (after[:, :, None] & node_valid[:, None, :]) | (
             node_of_pos[:, :, None] == nodes[None, None, :]
-        )  # (B, S, Nmax)
-        s2 = torch.einsum("bshd,bshnd->bshn", q, r) / math.sqrt(hd)
-        s2 = s2.masked_fill(~visible[:, :, None], torch.finfo(s2.dtype).min)
-        out = torch.einsum("bshn,bshnd->bshd", s2.softmax(-1), r).reshape(B, S, D)
-        reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
-        return hidden + torch.tanh(self.gate) * self.out(out) * reads
+        )

@@ -144,6 +144,17 @@ class GLFusionForCausalLM(nn.Module):
         key = str(index)
         slots = ctx["slots"]
         graph: GraphBatch = ctx["graph"]
+        if "after_graph" in ctx:  # decoding text tokens: no node token to pass messages to
+            if key in self.glf_cross_attention:
+                hidden = self.glf_cross_attention[key](
+                    hidden,
+                    graph.node_text,
+                    graph.node_text_mask,
+                    graph.node_batch,
+                    slots,
+                    after_graph=ctx["after_graph"],
+                )
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
         if key in self.glf_message_passing:
             nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
             nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
@@ -194,13 +205,20 @@ class GLFusionForCausalLM(nn.Module):
         graph: GraphBatch | None = None,
         labels: Tensor | None = None,
         node_labels: Tensor | None = None,
+        cache=None,
     ) -> GLFusionOutput:
         """``labels (B, S)`` next-token targets (-100 ignored, shifted inside like HF);
-        ``node_labels (M,)`` GNN targets (-100 ignored)."""
+        ``node_labels (M,)`` GNN targets (-100 ignored); ``cache`` (a transformers
+        ``DynamicCache``) is filled with the prompt's keys and values (see :meth:`generate`)."""
         if graph is None:
             if bool((input_ids == self.config.node_id).any()):
                 raise ValueError("input_ids hold <node> tokens but no graph was given")
-            out = self.base(input_ids=input_ids, attention_mask=attention_mask)
+            out = self.base(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                use_cache=cache is not None,
+                **({"cache": cache} if cache is not None else {}),
+            )
             lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
             return GLFusionOutput(logits=out.logits, loss=lm_loss, lm_loss=lm_loss)
         slots = graph.validate(input_ids, self.config.node_id)
@@ -215,6 +233,8 @@ class GLFusionForCausalLM(nn.Module):
                 attention_mask=to_additive_mask(allowed, embeds.dtype),
                 position_ids=node_position_ids(node_mask, attention_mask),
                 glf_ctx=ctx,
+                use_cache=cache is not None,
+                **({"cache": cache} if cache is not None else {}),
             )
             final = ctx["final_hidden"]
         finally:
@@ -245,6 +265,128 @@ class GLFusionForCausalLM(nn.Module):
         return F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
         )
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        graph: GraphBatch | None = None,
+        *,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        eos_token_id: int | None = None,
+        pad_token_id: int = 0,
+        seed: int | None = None,
+        return_logits: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Continue each prompt (a graph may sit in it) with a key/value cache.
+
+        The prompt runs once (the prefill): node tokens, the structure-aware mask, message
+        passing and cross-attention as in :meth:`forward`. Each new token then reads the cache
+        and, as text after the graph, cross-attends to every node text of its graph; nothing of
+        the prompt is recomputed. Prompts may be padded on either side (``attention_mask``).
+
+        Returns the new tokens ``(B, N)`` (``pad_token_id`` after a sequence's
+        ``eos_token_id``), and with ``return_logits`` also the logits each was chosen from,
+        ``(B, N, vocab)``. Greedy unless ``do_sample`` (with ``temperature`` and ``top_k``);
+        ``<graph_start>``, ``<node>`` and ``<graph_end>`` are never chosen.
+        """
+        from transformers import DynamicCache
+
+        B, S = input_ids.shape
+        if S == 0:
+            raise ValueError("cannot generate from an empty prompt (no tokens)")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if do_sample and temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
+        if tuple(mask.shape) != (B, S):
+            raise ValueError(f"attention_mask must be (B, S) = {(B, S)}, got {tuple(mask.shape)}")
+        real = mask.bool()
+        if not bool(real.any(-1).all()):
+            raise ValueError("cannot generate from an empty prompt (a row without real tokens)")
+        inner = _inner(self.base)
+        limit = getattr(inner.config, "max_position_embeddings", None)
+        node_mask = input_ids == self.config.node_id
+        positions = node_position_ids(node_mask, mask)
+        next_pos = positions.max(-1).values + 1  # (B,)
+        if limit is not None and int(next_pos.max()) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt + max_new_tokens reach position {int(next_pos.max()) + max_new_tokens}, "
+                f"past the base model's max_position_embeddings={limit}"
+            )
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+
+        cache = DynamicCache(config=inner.config)
+        logits = self(input_ids, mask, graph, cache=cache).logits
+        last = S - 1 - real.flip(-1).long().argmax(-1)  # (B,) last real column
+        step_logits = logits[torch.arange(B, device=logits.device), last]  # (B, vocab)
+        after_graph = node_mask.any(-1)
+        cfg = self.config
+        special = torch.tensor(
+            [cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=input_ids.device
+        )
+        keys = mask.clone()
+        tokens, chosen = [], []
+        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        for t in range(max_new_tokens):
+            chosen.append(step_logits)
+            # the graph's special tokens are never generated: a new <node> has no node
+            allowed = step_logits.index_fill(-1, special, float("-inf"))
+            tok = self._choose(allowed, do_sample, temperature, top_k, generator)
+            tok = tok.masked_fill(done, pad_token_id)
+            tokens.append(tok)
+            if eos_token_id is not None:
+                done = done | (tok == eos_token_id)
+            if t == max_new_tokens - 1 or bool(done.all()):
+                break
+            keys = torch.cat([keys, torch.ones_like(keys[:, :1])], dim=-1)
+            step_logits = self._decode_step(
+                tok[:, None], keys, next_pos + t, cache, graph, after_graph
+            )
+        out = torch.stack(tokens, dim=1)
+        return (out, torch.stack(chosen, dim=1)) if return_logits else out
+
+    @staticmethod
+    def _choose(logits, do_sample, temperature, top_k, generator) -> Tensor:
+        if not do_sample:
+            return logits.argmax(-1)
+        scores = logits.float() / temperature
+        if top_k and top_k < scores.shape[-1]:
+            kth = scores.topk(top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
+
+    def _decode_step(self, tok, keys, pos, cache, graph, after_graph) -> Tensor:
+        """Logits ``(B, vocab)`` after the text tokens ``tok (B, 1)`` at positions ``pos (B,)``;
+        ``keys (B, K)`` marks the real cached keys plus the new one."""
+        inner = _inner(self.base)
+        embeds = inner.get_input_embeddings()(tok)  # (B, 1, D)
+        allowed = keys.bool()[:, None, None, :]  # (B, 1, 1, K): every real key so far
+        kwargs = {}
+        if graph is not None and len(self.glf_cross_attention):
+            empty = torch.zeros(0, 2, dtype=torch.long, device=tok.device)
+            kwargs["glf_ctx"] = {"graph": graph, "slots": empty, "after_graph": after_graph}
+        try:
+            out = self.base(
+                inputs_embeds=embeds,
+                attention_mask=to_additive_mask(allowed, embeds.dtype),
+                position_ids=pos[:, None],
+                cache=cache,
+                use_cache=True,
+                **kwargs,
+            )
+        finally:
+            self._layer_ctx.clear()
+        return out.logits[:, -1]
 
     # ------------------------------------------------------------------ twin predictor
 

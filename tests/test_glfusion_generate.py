@@ -1,0 +1,118 @@
+"""GL-Fusion generation with a graph in the prompt: prefill once, then one token at a time on the
+key/value cache; every step's logits equal a full forward pass over prompt + generated text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_glfusion import graph_for, open_gates, prompts, tiny_model
+
+
+def full_forward_logits(model, ids, mask, graph, new):
+    """Logits that chose each new token, from one forward pass over prompt + new tokens."""
+    B, S = ids.shape
+    N = new.shape[1]
+    all_ids = torch.cat([ids, new], 1)
+    all_mask = torch.cat([mask, torch.ones(B, N, dtype=mask.dtype)], 1)
+    logits = model(all_ids, all_mask, graph).logits
+    last = S - 1 - mask.bool().flip(-1).long().argmax(-1)
+    rows = torch.arange(B)
+    first = logits[rows, last][:, None]  # after the prompt's last real token
+    return torch.cat([first, logits[:, S : S + N - 1]], 1)
+
+
+@pytest.mark.parametrize("gates", [False, True])
+@pytest.mark.parametrize("edge_dim", [0, 3])
+def test_decoding_equals_the_full_forward(gates, edge_dim):
+    model = tiny_model(edge_dim=edge_dim)
+    if gates:
+        open_gates(model, 0.8)
+    ids, mask = prompts(model, n_nodes=(3, 2))
+    graph = graph_for((3, 2), edge_dim=edge_dim)
+    new, logits = model.generate(ids, mask, graph, max_new_tokens=7, return_logits=True)
+    assert new.shape == (2, 7) and logits.shape[:2] == (2, 7)
+    ref = full_forward_logits(model, ids, mask, graph, new)
+    assert (logits - ref).abs().max().item() <= 1e-10
+    c = model.config
+    allowed = logits.index_fill(-1, torch.tensor([c.graph_start_id, c.node_id, c.graph_end_id]),
+                                float("-inf"))  # fmt: skip
+    assert torch.equal(new, allowed.argmax(-1))  # greedy, never a graph token
+
+
+def test_gates_change_generation_and_left_padding_works():
+    model = tiny_model()
+    open_gates(model, 0.9)
+    ids, mask = prompts(model, n_nodes=(3, 2))
+    graph = graph_for((3, 2))
+    # the same prompts, left-padded
+    left_ids, left_mask = torch.zeros_like(ids), torch.zeros_like(mask)
+    for b in range(2):
+        n = int(mask[b].sum())
+        left_ids[b, -n:], left_mask[b, -n:] = ids[b, :n], 1
+    a, la = model.generate(ids, mask, graph, max_new_tokens=5, return_logits=True)
+    b, lb = model.generate(left_ids, left_mask, graph, max_new_tokens=5, return_logits=True)
+    assert torch.equal(a, b) and torch.allclose(la, lb, atol=1e-10, rtol=0)
+    ref = full_forward_logits(model, left_ids, left_mask, graph, b)
+    assert (lb - ref).abs().max().item() <= 1e-10
+
+
+def test_cross_attention_reaches_generated_tokens():
+    """Changing a node's text changes what the generated tokens see (gates open)."""
+    model = tiny_model()
+    open_gates(model, 0.9)
+    ids, mask = prompts(model, n_nodes=(3, 2))
+    graph = graph_for((3, 2))
+    _, base = model.generate(ids, mask, graph, max_new_tokens=3, return_logits=True)
+    graph.node_text[1] = graph.node_text[1] + torch.randn_like(graph.node_text[1])
+    _, moved = model.generate(ids, mask, graph, max_new_tokens=3, return_logits=True)
+    assert (base[0] - moved[0]).abs().max() > 1e-6  # sequence 0 holds node 1
+
+
+def test_without_graph_generation_is_the_base_models():
+    model = tiny_model()
+    ids = torch.tensor([[5, 6, 7, 9, 10], [0, 0, 5, 8, 11]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    new = model.generate(ids, mask, max_new_tokens=6)
+    c = model.config
+    base = model.base.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        suppress_tokens=[c.graph_start_id, c.node_id, c.graph_end_id],
+    )
+    assert torch.equal(new, base[:, 5:])
+
+
+def test_sampling_is_seeded_and_eos_stops_a_row():
+    model = tiny_model()
+    open_gates(model)
+    ids, mask = prompts(model)
+    graph = graph_for()
+    a = model.generate(ids, mask, graph, max_new_tokens=6, do_sample=True, top_k=5, seed=3)
+    b = model.generate(ids, mask, graph, max_new_tokens=6, do_sample=True, top_k=5, seed=3)
+    assert torch.equal(a, b)
+    greedy = model.generate(ids, mask, graph, max_new_tokens=6)
+    eos = int(greedy[0, 1])
+    stopped = model.generate(ids, mask, graph, max_new_tokens=6, eos_token_id=eos, pad_token_id=0)
+    first = int((greedy[0] == eos).nonzero()[0])
+    assert torch.all(stopped[0, first + 1 :] == 0)
+
+
+def test_bad_input_is_named():
+    model = tiny_model()
+    ids, mask = prompts(model)
+    graph = graph_for()
+    with pytest.raises(ValueError, match="empty prompt"):
+        model.generate(ids[:, :0], mask[:, :0], graph)
+    with pytest.raises(ValueError, match="empty prompt"):
+        model.generate(ids, torch.zeros_like(mask), graph)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(ids, mask, graph, max_new_tokens=0)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.generate(ids, mask, graph, max_new_tokens=500)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(ids, mask, graph, do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="no graph"):
+        model.generate(ids, mask, None)
