@@ -423,3 +423,77 @@ def test_gradient_checkpointing_gives_the_same_gradients(how):
     assert any(k.startswith("glf_message_passing") for k in grads)
     for name in reference:
         torch.testing.assert_close(grads[name], reference[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+# ---------------------------------------------------------------------- graph batches
+
+
+def test_edge_lists_must_be_2_by_E_and_are_never_reshaped():
+    texts = [torch.randn(3, 2, TEXT_DIM)]
+    listed = torch.tensor([[0, 1], [1, 2], [2, 0]])  # (E, 2): would silently reshape before
+    with pytest.raises(ValueError, match=r"\(E, 2\) edge list: pass edge_index.T"):
+        GraphBatch.from_graphs(texts, [listed])
+    g = GraphBatch.from_graphs(texts, [listed.T])
+    assert g.edge_index.tolist() == [[0, 1, 2], [1, 2, 0]]
+    with pytest.raises(ValueError, match="must hold integers"):
+        GraphBatch.from_graphs(texts, [listed.T.float()])
+    with pytest.raises(ValueError, match=r"must be \(2, E\)"):
+        GraphBatch.from_graphs(texts, [torch.tensor([0, 1, 2])])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(node_texts=[[torch.randn(2, TEXT_DIM), torch.randn(0, TEXT_DIM)]]), "node 1"),
+        (dict(targets=[3]), "target 3"),
+        (dict(edge_attrs=[torch.randn(1, 2)]), "edge_attrs"),
+        (dict(node_texts=[None], edge_indices=[None], targets=[None]), "no sequence"),
+        (dict(node_texts=[None], edge_indices=[torch.tensor([[0], [0]])]), "edges but no node"),
+    ],
+)
+def test_from_graphs_names_bad_input(kwargs, match):
+    args = dict(
+        node_texts=[torch.randn(3, 2, TEXT_DIM)],
+        edge_indices=[torch.tensor([[0, 1], [1, 2]])],
+    )
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        GraphBatch.from_graphs(**args)
+
+
+def test_a_batch_whose_first_sequence_has_no_graph():
+    model = tiny_model()
+    open_gates(model)
+    ids, mask = prompts(model, n_nodes=(3, 2))
+    c = model.config
+    plain = torch.arange(ids.shape[1]) % 30 + 5  # text only, no graph tokens
+    ids2 = torch.stack([plain, ids[1]])
+    mask2 = torch.stack([torch.ones_like(plain), mask[1]])
+    g = torch.Generator().manual_seed(0)
+    text = torch.randn(2, 4, TEXT_DIM, generator=g, dtype=torch.float64)
+    graph = GraphBatch.from_graphs(
+        [None, text], [None, torch.tensor([[0, 1], [1, 0]])], targets=[None, 1]
+    )
+    assert graph.target_nodes.tolist() == [-1, 1] and graph.node_batch.tolist() == [1, 1]
+    out = model(ids2, mask2, graph)
+    alone = model(ids2[:1], mask2[:1]).logits  # the plain row is the base model's
+    assert torch.allclose(out.logits[0], alone[0], atol=1e-10)
+    assert c.node_id not in ids2[0].tolist()
+    with pytest.raises(ValueError, match="no graph"):
+        model.predict(ids2, mask2, graph, [[5], [6], [7]])
+
+
+def test_node_labels_are_checked_and_all_ignored_gives_zero_loss():
+    model = tiny_model()
+    ids, mask = prompts(model)
+    graph = graph_for()
+    with pytest.raises(ValueError, match=r"node_labels \[3, 7\] outside 0..2"):
+        model(ids, mask, graph, node_labels=torch.tensor([0, 3, 7, -100, 1]))
+    with pytest.raises(ValueError, match="one per node"):
+        model(ids, mask, graph, node_labels=torch.tensor([0, 1]))
+    ignored = torch.full((5,), -100)
+    labels = torch.full_like(ids, -100)
+    out = model(ids, mask, graph, labels=labels, node_labels=ignored)
+    assert out.loss.item() == 0.0 and out.gnn_loss.item() == 0.0 and out.lm_loss.item() == 0.0
+    out.loss.backward()  # still connected, no NaN gradients
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -17,6 +17,28 @@ from torch.nn.utils.rnn import pad_sequence
 __all__ = ["GraphBatch"]
 
 
+def _edge_index(ei, b: int, n: int) -> Tensor:
+    """Graph ``b``'s local edge index as ``(2, E)`` long, checked against its ``n`` nodes."""
+    if ei is None:
+        return torch.zeros(2, 0, dtype=torch.long)
+    ei = torch.as_tensor(ei)
+    if ei.numel() == 0:
+        return torch.zeros(2, 0, dtype=torch.long)
+    if torch.is_floating_point(ei) or ei.dtype == torch.bool:
+        raise ValueError(f"graph {b}: edge_index must hold integers, got {ei.dtype}")
+    if ei.dim() != 2 or ei.shape[0] != 2:
+        hint = (
+            " (an (E, 2) edge list: pass edge_index.T)"
+            if ei.dim() == 2 and ei.shape[1] == 2
+            else ""
+        )
+        raise ValueError(f"graph {b}: edge_index must be (2, E), got {tuple(ei.shape)}{hint}")
+    ei = ei.long()
+    if int(ei.min()) < 0 or int(ei.max()) >= n:
+        raise ValueError(f"graph {b}: edge_index refers to nodes outside 0..{n - 1}")
+    return ei
+
+
 @dataclass
 class GraphBatch:
     """Shapes: ``M`` nodes in the batch, ``E`` edges, ``Lt`` node-text tokens, ``B`` sequences.
@@ -54,39 +76,78 @@ class GraphBatch:
     @classmethod
     def from_graphs(
         cls,
-        node_texts: Sequence[Tensor],
-        edge_indices: Sequence[Tensor],
-        edge_attrs: Sequence[Tensor] | None = None,
-        targets: Sequence[int] | None = None,
+        node_texts: Sequence[Tensor | None],
+        edge_indices: Sequence[Tensor | None],
+        edge_attrs: Sequence[Tensor | None] | None = None,
+        targets: Sequence[int | None] | None = None,
     ) -> GraphBatch:
         """Collate per-sequence graphs: ``node_texts[b]`` is ``(n_b, L_b, text_dim)`` (or a list
-        of ``(L, text_dim)`` tensors of varied length), ``edge_indices[b]`` local ``(2, E_b)``,
-        ``targets[b]`` the local index of the target node."""
-        texts, batch, edges, offset, target_list = [], [], [], 0, []
+        of ``(L, text_dim)`` tensors of varied length), ``edge_indices[b]`` local ``(2, E_b)``
+        (source row first, as in PyG; an ``(E, 2)`` edge list must be transposed), ``targets[b]``
+        the local index of the target node.
+
+        A sequence without a graph (plain text in a mixed batch) has ``node_texts[b] = None``,
+        ``edge_indices[b] = None`` and ``targets[b] = None`` (its target is then -1)."""
+        if len(node_texts) != len(edge_indices):
+            raise ValueError(
+                f"{len(node_texts)} node-text entries but {len(edge_indices)} edge indices"
+            )
+        for name, seq in (("edge_attrs", edge_attrs), ("targets", targets)):
+            if seq is not None and len(seq) != len(node_texts):
+                raise ValueError(f"{name} has {len(seq)} entries for {len(node_texts)} sequences")
+        texts, batch, edges, attrs, offset, target_list = [], [], [], [], 0, []
         for b, (nt, ei) in enumerate(zip(node_texts, edge_indices)):
+            if nt is None:
+                if ei is not None and torch.as_tensor(ei).numel():
+                    raise ValueError(f"sequence {b} has edges but no node texts")
+                if targets is not None and targets[b] is not None:
+                    raise ValueError(f"sequence {b} has a target but no graph")
+                target_list.append(-1)
+                continue
             rows = list(nt) if not isinstance(nt, Tensor) or nt.dim() == 3 else [nt]
             n = len(rows)
             if n == 0:
-                raise ValueError(f"graph {b} is empty: every sequence with a graph needs >= 1 node")
-            ei = torch.as_tensor(ei, dtype=torch.long).reshape(2, -1)
-            if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
-                raise ValueError(f"graph {b}: edge_index refers to nodes outside 0..{n - 1}")
+                raise ValueError(
+                    f"graph {b} is empty: give it >= 1 node, or None for a sequence without a graph"
+                )
+            for i, row in enumerate(rows):
+                if row.dim() != 2 or row.shape[0] == 0:
+                    raise ValueError(
+                        f"graph {b}, node {i}: its text must be (L >= 1, text_dim), "
+                        f"got {tuple(row.shape)}"
+                    )
+            ei = _edge_index(ei, b, n)
             texts.extend(rows)
             batch.append(torch.full((n,), b, dtype=torch.long))
             edges.append(ei + offset)
+            if edge_attrs is not None:
+                attr = edge_attrs[b]
+                if attr is None or attr.dim() != 2 or attr.shape[0] != ei.shape[1]:
+                    raise ValueError(
+                        f"graph {b}: edge_attrs must be (E, edge_dim) with E = {ei.shape[1]}, "
+                        f"got {None if attr is None else tuple(attr.shape)}"
+                    )
+                attrs.append(attr)
             if targets is not None:
-                target_list.append(offset + int(targets[b]))
+                t = targets[b]
+                if t is None or not 0 <= int(t) < n:
+                    raise ValueError(f"graph {b}: target {t} is not a node index in 0..{n - 1}")
+                target_list.append(offset + int(t))
             offset += n
+        if not texts:
+            raise ValueError("no sequence of the batch has a graph (no nodes)")
+        dims = {t.shape[-1] for t in texts}
+        if len(dims) > 1:
+            raise ValueError(f"node texts have different widths {sorted(dims)}")
         lengths = torch.tensor([len(t) for t in texts])
         node_text = pad_sequence(list(texts), batch_first=True)
         mask = torch.arange(node_text.shape[1])[None] < lengths[:, None]
-        attr = torch.cat(list(edge_attrs)) if edge_attrs is not None else None
         return cls(
             node_text,
             mask,
             torch.cat(edges, dim=1),
             torch.cat(batch),
-            attr,
+            torch.cat(attrs) if edge_attrs is not None else None,
             torch.tensor(target_list) if targets is not None else None,
         )
 
@@ -133,9 +194,17 @@ class GraphBatch:
                 f"node count != <node> tokens per sequence: nodes {per_seq_nodes.tolist()}, "
                 f"tokens {per_seq_tokens.tolist()}"
             )
-        if self.target_nodes is not None and (
-            self.target_nodes.shape != (B,)
-            or bool(((self.target_nodes < 0) | (self.target_nodes >= M)).any())
-        ):
-            raise ValueError("target_nodes must be (B,) global node indices")
+        if self.target_nodes is not None:
+            t = self.target_nodes
+            no_graph = per_seq_nodes[:B] == 0
+            if (
+                t.shape != (B,)
+                or bool(((t < -1) | (t >= M)).any())
+                or bool(((t == -1) & ~no_graph).any())
+                or bool(((t >= 0) & (self.node_batch[t.clamp_min(0)] != torch.arange(B))).any())
+            ):
+                raise ValueError(
+                    "target_nodes must be (B,): each sequence's target as a global index of one "
+                    "of its own nodes (-1 for a sequence without a graph)"
+                )
         return slots

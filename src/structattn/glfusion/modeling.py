@@ -42,6 +42,14 @@ class GLFusionOutput:
     gnn_loss: Tensor | None = None
 
 
+def _mean_ce(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy over labels != -100; an exact, differentiable 0 when every label is
+    ignored (instead of the 0/0 NaN of ``F.cross_entropy``)."""
+    if not bool((labels != -100).any()):
+        return logits.float().sum() * 0.0
+    return F.cross_entropy(logits.float(), labels, ignore_index=-100)
+
+
 def _inner(base: nn.Module) -> nn.Module:
     """The ``LlamaForCausalLM`` under any peft wrapper."""
     return base.get_base_model() if hasattr(base, "get_base_model") else base
@@ -242,11 +250,21 @@ class GLFusionForCausalLM(nn.Module):
             self._layer_ctx.clear()
         node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
         lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
-        gnn_loss = (
-            F.cross_entropy(node_logits.float(), node_labels, ignore_index=-100)
-            if node_labels is not None
-            else None
-        )
+        gnn_loss = None
+        if node_labels is not None:
+            M, C = node_logits.shape
+            if tuple(node_labels.shape) != (M,):
+                raise ValueError(
+                    f"node_labels must be (M,) = ({M},), one per node, "
+                    f"got {tuple(node_labels.shape)}"
+                )
+            bad = (node_labels != -100) & ((node_labels < 0) | (node_labels >= C))
+            if bool(bad.any()):
+                raise ValueError(
+                    f"node_labels {sorted(set(node_labels[bad].tolist()))} outside 0..{C - 1} "
+                    "(use -100 to ignore a node)"
+                )
+            gnn_loss = _mean_ce(node_logits, node_labels)
         parts = [
             x
             for x in (gnn_loss, None if lm_loss is None else self.config.lm_loss_weight * lm_loss)
@@ -262,9 +280,12 @@ class GLFusionForCausalLM(nn.Module):
 
     @staticmethod
     def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
-        return F.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-        )
+        """Next-token cross-entropy (labels shifted inside, -100 ignored; 0 when all are)."""
+        if labels.shape != logits.shape[:2]:
+            raise ValueError(
+                f"labels must be (B, S) = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}"
+            )
+        return _mean_ce(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
 
     # ------------------------------------------------------------------ generation
 
@@ -439,6 +460,9 @@ class GLFusionForCausalLM(nn.Module):
         ``ensemble = weight * p_gnn + (1 - weight) * p_lm``; each ``(B, K)``."""
         if graph.target_nodes is None:
             raise ValueError("graph.target_nodes is required for predict")
+        if bool((graph.target_nodes < 0).any()):
+            rows = torch.nonzero(graph.target_nodes < 0).flatten().tolist()
+            raise ValueError(f"sequences {rows} have no graph (no target node) to predict for")
         out = self(input_ids, attention_mask, graph)
         p_gnn = out.node_logits[graph.target_nodes].float().softmax(-1)
         p_lm = self.score_labels(input_ids, attention_mask, graph, label_ids).softmax(-1)
