@@ -144,3 +144,89 @@ def test_glfusion_trains_with_a_bfloat16_llm_and_gradient_checkpointing(tmp_path
     assert base.model.embed_tokens.weight.dtype == torch.bfloat16
     assert base.model.layers[0].gradient_checkpointing
     assert results["skipped_steps"] == 0 and results["best_step"] == 2
+
+
+def _custom_pyg_graph(n=30, seed=0):
+    from torch_geometric.data import Data
+
+    rng = random.Random(seed)
+    src = list(range(1, n))
+    dst = [rng.randrange(i) for i in range(1, n)]
+    y = torch.tensor([i % 3 for i in range(n)])
+    masks = {k: torch.zeros(n, dtype=torch.bool) for k in ("train", "val", "test")}
+    for i in range(n):
+        masks[("train", "train", "val", "test")[i % 4]][i] = True
+    data = Data(edge_index=torch.tensor([src, dst]), y=y, num_nodes=n)
+    for k, m in masks.items():
+        data[f"{k}_mask"] = m
+    texts = [" ".join(rng.choice(WORDS) for _ in range(4)) for _ in range(n)]
+    return data, texts
+
+
+def test_your_own_graph_from_pyg_trains_directly_and_from_disk(tmp_path):
+    from structattn.data.graphs import TextAttributedGraph
+
+    data, texts = _custom_pyg_graph()
+    graph = TextAttributedGraph.from_pyg(data, texts, ["animal", "plant", "food"], name="toy")
+    assert graph.num_nodes == 30 and not graph.stand_in
+    assert sorted(torch.cat(list(graph.splits.values())).tolist()) == list(range(30))
+    graph.save(tmp_path / "toy")
+    again = TextAttributedGraph.load(tmp_path / "toy")
+    assert again.node_texts == texts and torch.equal(again.edge_index, graph.edge_index)
+    assert {k: v.tolist() for k, v in again.splits.items()} == {
+        k: v.tolist() for k, v in graph.splits.items()
+    }
+    llm, encoder = _tiny_models(tmp_path)
+    train = {"max_steps": 2, "batch_size": 2, "eval_every": 2}
+    common = dict(max_train=4, max_val=3, max_test=3, eval_batch_size=3, baseline_epochs=5)
+    direct = train_glfusion(
+        tiny_cfg(tmp_path, train, **common, run_dir=tmp_path / "a"),
+        progress=False, llm=llm, encoder=encoder, graph=graph,
+    )  # fmt: skip
+    llm, encoder = _tiny_models(tmp_path)
+    cfg = tiny_cfg(tmp_path, train, **common, run_dir=tmp_path / "b", dataset="file",
+                   graph_path=tmp_path / "toy")  # fmt: skip
+    from_disk = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    assert direct["dataset"] == from_disk["dataset"] == "toy"
+    assert direct["heads"] == from_disk["heads"]
+
+
+def test_from_pyg_names_bad_input():
+    import pytest
+
+    from structattn.data.graphs import TextAttributedGraph
+
+    data, texts = _custom_pyg_graph()
+    names = ["animal", "plant", "food"]
+    cases = [
+        (dict(texts=texts[:-1]), "29 texts for 30 nodes"),
+        (dict(texts=texts[:3] + [" "] + texts[4:]), r"node\(s\) \[3\] have no text"),
+        (dict(label_names=names[:2]), "labels outside 0..1"),
+        (dict(split={"train": torch.tensor([0]), "val": torch.tensor([1])}), "no 'test'"),
+        (
+            dict(
+                split={
+                    "train": torch.tensor([0]),
+                    "val": torch.tensor([99]),
+                    "test": torch.tensor([2]),
+                }
+            ),
+            "outside 0..29",
+        ),  # fmt: skip
+    ]
+    for kwargs, match in cases:
+        args = {"data": data, "texts": texts, "label_names": names, **kwargs}
+        with pytest.raises(ValueError, match=match):
+            TextAttributedGraph.from_pyg(**args)
+    bad = data.clone()
+    bad.edge_index = torch.tensor([[0, 1], [1, 30]])
+    with pytest.raises(ValueError, match="outside 0..29"):
+        TextAttributedGraph.from_pyg(bad, texts, names)
+    bad = data.clone()
+    del bad.test_mask
+    with pytest.raises(ValueError, match="no test_mask"):
+        TextAttributedGraph.from_pyg(bad, texts, names)
+    from torch_geometric.data import Data
+
+    with pytest.raises(ValueError, match="zero nodes"):
+        TextAttributedGraph.from_pyg(Data(num_nodes=0), [], names)

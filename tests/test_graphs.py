@@ -116,3 +116,57 @@ def test_sampling_respects_cap_contains_target_and_keeps_real_edges(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a, b))  # seeded
     near, _ = sample_subgraph(g, 4, num_hops=2, max_nodes=2, seed=0)
     assert near.tolist() == [4, 2]  # the 1-hop neighbour before any 2-hop one
+
+
+def _reference_sample(graph, target, num_hops, max_nodes, seed):
+    """The k-hop sampler written with PyG's whole-graph utilities (the readable reference)."""
+    from torch_geometric.utils import k_hop_subgraph, subgraph
+
+    undirected = to_undirected(graph.edge_index, num_nodes=graph.num_nodes)
+    chosen, seen = [target], {target}
+    g = torch.Generator().manual_seed(seed * 1_000_003 + target)
+    for hop in range(1, num_hops + 1):
+        if len(chosen) >= max_nodes:
+            break
+        ring, _, _, _ = k_hop_subgraph(target, hop, undirected, num_nodes=graph.num_nodes)
+        new = [int(v) for v in ring if int(v) not in seen]
+        order = torch.randperm(len(new), generator=g).tolist()
+        for i in order[: max_nodes - len(chosen)]:
+            chosen.append(new[i])
+            seen.add(new[i])
+    nodes = torch.tensor(chosen)
+    edge_index, _ = subgraph(nodes, undirected, relabel_nodes=False, num_nodes=graph.num_nodes)
+    local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+    local[nodes] = torch.arange(len(nodes))
+    return nodes, local[edge_index]
+
+
+def test_csr_sampler_equals_the_whole_graph_reference():
+    from structattn.data.graphs import TextAttributedGraph
+
+    gen = torch.Generator().manual_seed(0)
+    n = 60
+    edges = torch.randint(0, n, (2, 140), generator=gen)  # duplicates and self-loops included
+    graph = TextAttributedGraph(
+        name="random",
+        node_texts=[f"node {i}" for i in range(n)],
+        labels=torch.zeros(n, dtype=torch.long),
+        label_names=["a"],
+        edge_index=edges,
+        splits={"train": torch.arange(n)},
+        source="random",
+        stand_in=True,
+    )
+    for target in range(0, n, 3):
+        for hops, cap, seed in ((1, 4, 0), (2, 16, 1), (3, 40, 2), (2, 1, 3), (4, 100, 4)):
+            got = sample_subgraph(graph, target, num_hops=hops, max_nodes=cap, seed=seed)
+            ref = _reference_sample(graph, target, hops, cap, seed)
+            assert torch.equal(got[0], ref[0]), (target, hops, cap)
+            assert torch.equal(got[1], ref[1]), (target, hops, cap)
+    # the index is built once and reused, and rebuilt when the edges change
+    first = graph._csr
+    sample_subgraph(graph, 0)
+    assert graph._csr is first
+    graph.edge_index = edges[:, :10]
+    nodes, _ = sample_subgraph(graph, 0, num_hops=3, max_nodes=100)
+    assert torch.equal(nodes, _reference_sample(graph, 0, 3, 100, 0)[0])

@@ -85,6 +85,137 @@ class TextAttributedGraph:
     def num_nodes(self) -> int:
         return len(self.node_texts)
 
+    @classmethod
+    def from_pyg(
+        cls,
+        data,
+        texts: list[str],
+        label_names: list[str],
+        split: dict[str, Tensor] | None = None,
+        name: str = "custom-graph",
+        source: str | None = None,
+    ) -> TextAttributedGraph:
+        """Your own graph: a ``torch_geometric`` ``Data`` with ``edge_index (2, E)`` and
+        ``y (N,)``, one text per node, the class names, and the split as ``train_mask`` /
+        ``val_mask`` / ``test_mask`` on ``data`` or ``split = {"train": idx, "val": idx,
+        "test": idx}`` (node indices). Nodes outside every split may carry ``y = -1``.
+
+        Raises ``ValueError`` naming the problem: a graph with zero nodes, a node without text,
+        texts that do not match the node count, edge indices out of range, labels out of range,
+        a missing or empty split."""
+        n = int(data.num_nodes) if data.num_nodes is not None else 0
+        if n == 0:
+            raise ValueError("the graph has zero nodes")
+        if len(texts) != n:
+            raise ValueError(f"{len(texts)} texts for {n} nodes: give one text per node")
+        empty = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+        if empty:
+            raise ValueError(f"node(s) {empty[:10]} have no text")
+        if not label_names:
+            raise ValueError("label_names is empty")
+        ei = getattr(data, "edge_index", None)
+        ei = torch.zeros(2, 0, dtype=torch.long) if ei is None else torch.as_tensor(ei)
+        if ei.dim() != 2 or ei.shape[0] != 2 or torch.is_floating_point(ei):
+            raise ValueError(f"edge_index must be (2, E) integers, got {tuple(ei.shape)}")
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+            raise ValueError(f"edge_index refers to nodes outside 0..{n - 1}")
+        y = getattr(data, "y", None)
+        if y is None:
+            raise ValueError("data.y (one class index per node) is required")
+        y = torch.as_tensor(y).long().reshape(-1)
+        if y.numel() != n:
+            raise ValueError(f"data.y has {y.numel()} entries for {n} nodes")
+        if split is None:
+            split = {}
+            for key in ("train", "val", "test"):
+                mask = getattr(data, f"{key}_mask", None)
+                if mask is None:
+                    raise ValueError(f"data has no {key}_mask (or pass split={{...}})")
+                mask = torch.as_tensor(mask)
+                if mask.dtype != torch.bool or mask.shape != (n,):
+                    raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
+                split[key] = mask.nonzero().flatten()
+        splits = {}
+        for key in ("train", "val", "test"):
+            if key not in split:
+                raise ValueError(f"split has no {key!r} entry")
+            idx = torch.as_tensor(split[key]).long().reshape(-1)
+            if idx.numel() == 0:
+                raise ValueError(f"the {key} split is empty")
+            if int(idx.min()) < 0 or int(idx.max()) >= n:
+                raise ValueError(f"the {key} split names nodes outside 0..{n - 1}")
+            bad = (y[idx] < 0) | (y[idx] >= len(label_names))
+            if bool(bad.any()):
+                raise ValueError(
+                    f"{key} node(s) {idx[bad][:10].tolist()} have labels outside "
+                    f"0..{len(label_names) - 1}"
+                )
+            splits[key] = idx
+        return cls(
+            name=name,
+            node_texts=list(texts),
+            labels=y,
+            label_names=list(label_names),
+            edge_index=ei.long(),
+            splits=splits,
+            source=source or f"{name} (your own graph)",
+            stand_in=False,
+            node_ids=[str(i) for i in range(n)],
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph to the folder ``path``: ``graph.json`` (texts, names, provenance)
+        and ``graph.safetensors`` (edges, labels, splits); :meth:`load` reads it back."""
+        import json
+
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {"edge_index": self.edge_index.contiguous(), "labels": self.labels.contiguous()}
+        tensors.update({f"split.{k}": v.contiguous() for k, v in self.splits.items()})
+        save_file(tensors, str(path / "graph.safetensors"))
+        meta = {
+            "name": self.name,
+            "node_texts": self.node_texts,
+            "label_names": self.label_names,
+            "source": self.source,
+            "stand_in": self.stand_in,
+            "node_ids": self.node_ids,
+            "edge_texts": self.edge_texts,
+        }
+        (path / "graph.json").write_text(json.dumps(meta, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> TextAttributedGraph:
+        """A graph written by :meth:`save`; a damaged or incomplete folder is named."""
+        import json
+
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        for file in ("graph.json", "graph.safetensors"):
+            if not (path / file).is_file():
+                raise FileNotFoundError(f"{path / file} not found (write it with graph.save)")
+        try:
+            meta = json.loads((path / "graph.json").read_text())
+            tensors = load_file(str(path / "graph.safetensors"))
+            splits = {k.removeprefix("split."): v for k, v in tensors.items() if "." in k}
+            return cls(
+                name=meta["name"],
+                node_texts=meta["node_texts"],
+                labels=tensors["labels"],
+                label_names=meta["label_names"],
+                edge_index=tensors["edge_index"],
+                splits=splits,
+                source=meta["source"],
+                stand_in=meta["stand_in"],
+                edge_texts=meta.get("edge_texts"),
+                node_ids=meta.get("node_ids") or [],
+            )
+        except (KeyError, ValueError, OSError) as err:
+            raise DataError(f"{path}: not a readable graph ({type(err).__name__}: {err})") from None
+
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with ``edge_index``, ``y`` and split masks."""
         from torch_geometric.data import Data
@@ -243,34 +374,66 @@ def read_ogbn_arxiv(root: str | Path, titleabs: str | Path) -> TextAttributedGra
     )
 
 
+def _undirected_csr(graph: TextAttributedGraph) -> tuple[Tensor, Tensor]:
+    """``(rowptr (N + 1,), col (2E',))`` of the graph with edges taken both ways, duplicates and
+    self-loops as ``to_undirected`` leaves them; built once per graph and kept on it."""
+    cached = getattr(graph, "_csr", None)
+    if cached is not None and cached[0] is graph.edge_index:
+        return cached[1], cached[2]
+    from torch_geometric.utils import to_undirected
+
+    und = to_undirected(graph.edge_index, num_nodes=graph.num_nodes)  # coalesced: sorted by row
+    counts = torch.bincount(und[0], minlength=graph.num_nodes)
+    rowptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long)
+    rowptr[1:] = counts.cumsum(0)
+    graph._csr = (graph.edge_index, rowptr, und[1].contiguous())
+    return rowptr, und[1]
+
+
 def sample_subgraph(
     graph: TextAttributedGraph, target: int, num_hops: int = 2, max_nodes: int = 16, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
     """Nodes within ``num_hops`` of ``target`` (edges taken as undirected), at most
     ``max_nodes``: the target first, then nearer hops before farther ones, ties broken by a
     seeded shuffle. Returns ``(nodes (n,), local edge_index (2, E'))`` with both edge directions.
-    """
-    from torch_geometric.utils import k_hop_subgraph, subgraph, to_undirected
 
+    A breadth-first search over a CSR index of the graph (built once, kept on the graph): the
+    cost grows with the neighbourhood, never with the graph (ogbn-arxiv: 169k targets)."""
     if max_nodes < 1:
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
     if not 0 <= target < graph.num_nodes:
         raise ValueError(f"target {target} outside 0..{graph.num_nodes - 1}")
-    undirected = to_undirected(graph.edge_index, num_nodes=graph.num_nodes)
+    rowptr, col = _undirected_csr(graph)
+
+    def neighbours(nodes: Tensor) -> Tensor:
+        if nodes.numel() == 0:
+            return nodes
+        starts, ends = rowptr[nodes], rowptr[nodes + 1]
+        sizes = ends - starts
+        offsets = torch.repeat_interleave(starts - sizes.cumsum(0) + sizes, sizes)
+        return col[offsets + torch.arange(int(sizes.sum()))]
+
     chosen = [target]
     seen = {target}
+    frontier = torch.tensor([target])
     g = torch.Generator().manual_seed(seed * 1_000_003 + target)
-    for hop in range(1, num_hops + 1):
+    for _ in range(num_hops):
         if len(chosen) >= max_nodes:
             break
-        ring, _, _, _ = k_hop_subgraph(target, hop, undirected, num_nodes=graph.num_nodes)
+        ring = neighbours(frontier).unique()  # sorted
         new = [int(v) for v in ring if int(v) not in seen]
+        seen.update(new)  # every node at this distance, chosen or not, is no longer new
         order = torch.randperm(len(new), generator=g).tolist()
-        for i in order[: max_nodes - len(chosen)]:
-            chosen.append(new[i])
-            seen.add(new[i])
+        chosen.extend(new[i] for i in order[: max_nodes - len(chosen)])
+        frontier = torch.tensor(new, dtype=torch.long)
     nodes = torch.tensor(chosen)
-    edge_index, _ = subgraph(nodes, undirected, relabel_nodes=False, num_nodes=graph.num_nodes)
+    inside = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    inside[nodes] = True
+    src = nodes.sort().values  # rows in ascending order, as the coalesced edge list has them
+    sizes = rowptr[src + 1] - rowptr[src]
+    rows = torch.repeat_interleave(src, sizes)
+    cols = neighbours(src)
+    keep = inside[cols]
     local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
     local[nodes] = torch.arange(len(nodes))  # global id -> position in `nodes` (target = 0)
-    return nodes, local[edge_index]
+    return nodes, torch.stack([local[rows[keep]], local[cols[keep]]])

@@ -77,7 +77,8 @@ class GLFusionTrainConfig:
     """GL-Fusion node classification: data, models, sampling; ``optim`` and ``train`` are the
     engine's sections, as in the HKT experiments."""
 
-    dataset: str = "wordnet"  # wordnet (offline stand-in) | arxiv (OGB layout)
+    dataset: str = "wordnet"  # wordnet (offline stand-in) | arxiv (OGB layout) | file
+    graph_path: Path | None = None  # dataset=file: a folder written by TextAttributedGraph.save
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     arxiv_root: Path | None = None  # OGB ogbn_arxiv folder (raw/, split/, mapping/)
     arxiv_titleabs: Path | None = None  # title/abstract TSV of ogbn-arxiv
@@ -105,8 +106,10 @@ class GLFusionTrainConfig:
     train: TrainConfig = field(default_factory=_default_train)  # steps, batch, eval, stop_at
 
     def __post_init__(self) -> None:
-        if self.dataset not in ("wordnet", "arxiv"):
-            raise ValueError(f"dataset must be wordnet or arxiv, got {self.dataset!r}")
+        if self.dataset not in ("wordnet", "arxiv", "file"):
+            raise ValueError(f"dataset must be wordnet, arxiv or file, got {self.dataset!r}")
+        if self.dataset == "file" and self.graph_path is None:
+            raise ValueError("dataset=file needs graph_path (a folder written by graph.save)")
         if self.llm_dtype not in LLM_DTYPES:
             raise ValueError(
                 f"llm_dtype must be one of {sorted(LLM_DTYPES)}, got {self.llm_dtype!r}"
@@ -157,6 +160,8 @@ def load_graph(cfg: GLFusionTrainConfig) -> TextAttributedGraph:
     if cfg.dataset == "wordnet":
         root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
         return read_wordnet_nouns(root / "wordnet" / "data.noun", seed=cfg.seed)
+    if cfg.dataset == "file":
+        return TextAttributedGraph.load(cfg.graph_path)
     if cfg.arxiv_root is None or cfg.arxiv_titleabs is None:
         raise ValueError("dataset=arxiv needs arxiv_root and arxiv_titleabs")
     return read_ogbn_arxiv(cfg.arxiv_root, cfg.arxiv_titleabs)
@@ -276,10 +281,17 @@ def gnn_accuracy(model, examples, encode, batch_size) -> float:
     return hits / len(examples)
 
 
-def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, encoder=None) -> dict:
+def train_glfusion(
+    cfg: GLFusionTrainConfig,
+    progress: bool = True,
+    llm=None,
+    encoder=None,
+    graph: TextAttributedGraph | None = None,
+) -> dict:
     """Train and evaluate; returns (and writes) the results, or ``{"paused_at": step, ...}``
     when ``train.stop_at`` paused the run. ``llm = (model, tokenizer)`` and
-    ``encoder = (model, tokenizer)`` may be passed in (tests); else they are loaded offline."""
+    ``encoder = (model, tokenizer)`` may be passed in (tests); else they are loaded offline.
+    ``graph`` (e.g. ``TextAttributedGraph.from_pyg(...)``) replaces ``cfg.dataset``."""
     started = time.perf_counter()
     run_dir = Path(cfg.run_dir)
     engine = Engine(
@@ -294,10 +306,8 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
         only_trainable=True,
         resumable=GLFUSION_RESUMABLE,
     )
-    graph = load_graph(cfg)
-    base, tokenizer = (
-        llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
-    )
+    graph = graph if graph is not None else load_graph(cfg)
+    base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
     if llm is not None and cfg.llm_dtype != "float32":
         base = base.to(LLM_DTYPES[cfg.llm_dtype])
     enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
@@ -362,8 +372,9 @@ def train_glfusion(cfg: GLFusionTrainConfig, progress: bool = True, llm=None, en
 
     def collate(chunk) -> dict[str, Any]:
         batch = collate_examples(chunk, encode)
-        return {k: batch[k] for k in ("input_ids", "attention_mask", "graph", "labels",
-                                      "node_labels")}
+        return {
+            k: batch[k] for k in ("input_ids", "attention_mask", "graph", "labels", "node_labels")
+        }
 
     def validate(m: nn.Module) -> dict[str, float]:
         return {"acc": gnn_accuracy(m, examples["val"], encode, cfg.eval_batch_size)}
