@@ -497,3 +497,44 @@ def test_node_labels_are_checked_and_all_ignored_gives_zero_loss():
     assert out.loss.item() == 0.0 and out.gnn_loss.item() == 0.0 and out.lm_loss.item() == 0.0
     out.loss.backward()  # still connected, no NaN gradients
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def _score_one_pass_per_label(model, ids, mask, graph, label_ids):
+    """The readable reference: one forward pass per label name appended to each prompt."""
+    B, S = ids.shape
+    lengths = mask.sum(-1)
+    scores = torch.zeros(B, len(label_ids), dtype=torch.float64)
+    for k, tokens in enumerate(label_ids):
+        n = len(tokens)
+        full = torch.zeros(B, S + n, dtype=torch.long)
+        fmask = torch.zeros(B, S + n, dtype=torch.long)
+        for b in range(B):
+            L = int(lengths[b])
+            full[b, :L], full[b, L : L + n], fmask[b, : L + n] = ids[b, :L], torch.tensor(tokens), 1
+        logp = model(full, fmask, graph).logits.log_softmax(-1)
+        for b in range(B):
+            L = int(lengths[b])
+            scores[b, k] = sum(logp[b, L - 1 + i, t] for i, t in enumerate(tokens))
+    return scores
+
+
+@pytest.mark.parametrize("with_graph", [True, False])
+def test_label_scoring_in_one_pass_equals_one_pass_per_label(with_graph):
+    model = tiny_model()
+    open_gates(model, 0.8)
+    ids, mask = prompts(model)
+    graph = graph_for()
+    if not with_graph:
+        ids = ids.masked_fill(ids >= 40, 11)  # plain text prompts
+        graph = None
+    label_ids = [[5], [7, 8], [9, 10, 11], [12]]  # one- and multi-token names
+    got = model.score_labels(ids, mask, graph, label_ids)
+    ref = _score_one_pass_per_label(model, ids, mask, graph, label_ids)
+    assert (got.double() - ref).abs().max() < 1e-10
+    if with_graph:  # predict: GNN and LM distributions from the same single pass
+        p = model.predict(ids, mask, graph, label_ids[:3], weight=0.3)
+        node = model(ids, mask, graph).node_logits[graph.target_nodes].softmax(-1)
+        assert torch.allclose(p["gnn"].double(), node, atol=1e-10)
+        assert torch.allclose(p["lm"].double(), ref[:, :3].softmax(-1), atol=1e-10)
+    with pytest.raises(ValueError, match="no tokens"):
+        model.score_labels(ids, mask, graph, [[5], []])

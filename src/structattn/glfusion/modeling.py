@@ -214,10 +214,32 @@ class GLFusionForCausalLM(nn.Module):
         labels: Tensor | None = None,
         node_labels: Tensor | None = None,
         cache=None,
+        blocks: Tensor | None = None,
     ) -> GLFusionOutput:
         """``labels (B, S)`` next-token targets (-100 ignored, shifted inside like HF);
         ``node_labels (M,)`` GNN targets (-100 ignored); ``cache`` (a transformers
-        ``DynamicCache``) is filled with the prompt's keys and values (see :meth:`generate`)."""
+        ``DynamicCache``) is filled with the prompt's keys and values (see :meth:`generate`).
+
+        ``blocks (B, S)`` long packs continuations of one prompt into one pass: 0 marks the
+        prompt, ``k >= 1`` the k-th continuation (contiguous). A continuation's tokens see the
+        prompt and the earlier tokens of their own continuation only, and their positions start
+        after the prompt's, so each is exactly the prompt followed by it alone."""
+        if blocks is not None and graph is None:
+            if bool((input_ids == self.config.node_id).any()):
+                raise ValueError("input_ids hold <node> tokens but no graph was given")
+            node_mask = torch.zeros_like(input_ids, dtype=torch.bool)
+            allowed = self._block_mask(build_structure_mask(node_mask, attention_mask), blocks)
+            embeds = _inner(self.base).get_input_embeddings()(input_ids)
+            out = self.base(
+                inputs_embeds=embeds,
+                attention_mask=to_additive_mask(allowed, embeds.dtype),
+                position_ids=self._block_positions(
+                    node_position_ids(node_mask, attention_mask), blocks
+                ),
+                use_cache=False,
+            )
+            lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
+            return GLFusionOutput(logits=out.logits, loss=lm_loss, lm_loss=lm_loss)
         if graph is None:
             if bool((input_ids == self.config.node_id).any()):
                 raise ValueError("input_ids hold <node> tokens but no graph was given")
@@ -233,13 +255,19 @@ class GLFusionForCausalLM(nn.Module):
         embeds = self._embed(input_ids, graph, slots)
         node_mask = input_ids == self.config.node_id
         allowed = build_structure_mask(node_mask, attention_mask)
+        positions = node_position_ids(node_mask, attention_mask)
+        if blocks is not None:
+            if bool((node_mask & (blocks != 0)).any()):
+                raise ValueError("node tokens must sit in the prompt (block 0)")
+            allowed = self._block_mask(allowed, blocks)
+            positions = self._block_positions(positions, blocks)
         ctx = {"graph": graph, "slots": slots, "attention_mask": attention_mask}
         self._ctx = ctx
         try:
             out = self.base(
                 inputs_embeds=embeds,
                 attention_mask=to_additive_mask(allowed, embeds.dtype),
-                position_ids=node_position_ids(node_mask, attention_mask),
+                position_ids=positions,
                 glf_ctx=ctx,
                 use_cache=cache is not None,
                 **({"cache": cache} if cache is not None else {}),
@@ -411,6 +439,64 @@ class GLFusionForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ twin predictor
 
+    @staticmethod
+    def _block_mask(allowed: Tensor, blocks: Tensor) -> Tensor:
+        """``allowed (B, 1, S, S)`` restricted so that a continuation sees only the prompt and
+        itself."""
+        same = blocks[:, :, None] == blocks[:, None, :]  # (B, S query, S key)
+        prompt_key = (blocks == 0)[:, None, :]
+        return allowed & (same | prompt_key)[:, None]
+
+    @staticmethod
+    def _block_positions(positions: Tensor, blocks: Tensor) -> Tensor:
+        """Positions with every continuation numbered on from the prompt's last position."""
+        B, S = blocks.shape
+        idx = torch.arange(S, device=blocks.device).expand(B, S)
+        in_prompt = blocks == 0
+        next_pos = positions.masked_fill(~in_prompt, -1).max(-1, keepdim=True).values + 1
+        change = torch.ones_like(in_prompt)
+        change[:, 1:] = blocks[:, 1:] != blocks[:, :-1]
+        start = torch.where(change, idx, torch.zeros_like(idx)).cummax(-1).values
+        return torch.where(in_prompt, positions, next_pos + idx - start)
+
+    def _score_pass(self, input_ids, attention_mask, graph, label_ids):
+        """One forward pass of each prompt followed by every label name (as continuations):
+        ``(scores (B, K), output)``."""
+        if not label_ids:
+            raise ValueError("label_ids is empty")
+        for k, tokens in enumerate(label_ids):
+            if len(tokens) == 0:
+                raise ValueError(f"label {k} has no tokens")
+        B, S = input_ids.shape
+        dev = input_ids.device
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
+        real = mask.bool()
+        if not bool(real.any(-1).all()):
+            raise ValueError("every prompt needs at least one real token")
+        flat = torch.tensor([t for tokens in label_ids for t in tokens], device=dev)
+        block = torch.tensor(
+            [k + 1 for k, tokens in enumerate(label_ids) for _ in tokens], device=dev
+        )
+        n = flat.numel()
+        ids = torch.cat([input_ids, flat.expand(B, n)], 1)
+        full_mask = torch.cat([mask, torch.ones(B, n, dtype=mask.dtype, device=dev)], 1)
+        blocks = torch.cat([torch.zeros(B, S, dtype=torch.long, device=dev), block.expand(B, n)], 1)
+        out = self(ids, full_mask, graph, blocks=blocks)
+        dtype = torch.promote_types(out.logits.dtype, torch.float32)
+        logp = out.logits.to(dtype).log_softmax(-1)  # (B, S + n, vocab)
+        last = S - 1 - real.flip(-1).long().argmax(-1)  # (B,) the prompt's last real token
+        # the token at column S + j is predicted by the column before it, or for a label's
+        # first token by the prompt's last real token
+        first = torch.ones(n, dtype=torch.bool, device=dev)
+        first[1:] = block[1:] != block[:-1]
+        cols = S + torch.arange(n, device=dev) - 1
+        pred = torch.where(first[None, :], last[:, None], cols[None, :])  # (B, n)
+        token_logp = logp.gather(1, pred[..., None].expand(B, n, logp.shape[-1]))
+        token_logp = token_logp.gather(2, flat.expand(B, n)[..., None])[..., 0]  # (B, n)
+        scores = torch.zeros(B, len(label_ids), dtype=dtype, device=dev)
+        scores.index_add_(1, block - 1, token_logp)
+        return scores, out
+
     @torch.no_grad()
     def score_labels(
         self,
@@ -420,32 +506,12 @@ class GLFusionForCausalLM(nn.Module):
         label_ids: list[list[int]],
     ) -> Tensor:
         """Log-probability of each label name (token ids) right after each prompt: ``(B, K)``.
-        Prompts are right-padded; the label tokens are appended after each prompt's end."""
-        B, S = input_ids.shape
-        lengths = (
-            attention_mask.sum(-1)
-            if attention_mask is not None
-            else torch.full((B,), S, device=input_ids.device)
-        ).long()
-        scores = torch.zeros(B, len(label_ids), device=input_ids.device)
-        for k, tokens in enumerate(label_ids):
-            n = len(tokens)
-            if n == 0:
-                raise ValueError(f"label {k} has no tokens")
-            ids = torch.zeros(B, S + n, dtype=torch.long, device=input_ids.device)
-            mask = torch.zeros(B, S + n, dtype=torch.long, device=input_ids.device)
-            label = torch.tensor(tokens, device=input_ids.device)
-            for b in range(B):
-                L = int(lengths[b])
-                ids[b, :L] = input_ids[b, :L]
-                ids[b, L : L + n] = label
-                mask[b, : L + n] = 1
-            logp = self(ids, mask, graph).logits.float().log_softmax(-1)
-            for b in range(B):
-                L = int(lengths[b])
-                pos = torch.arange(L - 1, L - 1 + n, device=ids.device)
-                scores[b, k] = logp[b, pos, label].sum()
-        return scores
+
+        One forward pass: the label names follow the prompt as separate continuations (each sees
+        the prompt and itself only, :meth:`forward`'s ``blocks``), so a name of several tokens
+        is scored exactly as the prompt followed by that name alone. Prompts may be padded on
+        either side."""
+        return self._score_pass(input_ids, attention_mask, graph, label_ids)[0]
 
     @torch.no_grad()
     def predict(
@@ -463,9 +529,9 @@ class GLFusionForCausalLM(nn.Module):
         if bool((graph.target_nodes < 0).any()):
             rows = torch.nonzero(graph.target_nodes < 0).flatten().tolist()
             raise ValueError(f"sequences {rows} have no graph (no target node) to predict for")
-        out = self(input_ids, attention_mask, graph)
-        p_gnn = out.node_logits[graph.target_nodes].float().softmax(-1)
-        p_lm = self.score_labels(input_ids, attention_mask, graph, label_ids).softmax(-1)
+        scores, out = self._score_pass(input_ids, attention_mask, graph, label_ids)
+        p_gnn = out.node_logits[graph.target_nodes].float().softmax(-1)  # one pass for both
+        p_lm = scores.softmax(-1)
         if p_gnn.shape[-1] != p_lm.shape[-1]:
             raise ValueError(f"{p_gnn.shape[-1]} GNN classes but {p_lm.shape[-1]} label names")
         return {"gnn": p_gnn, "lm": p_lm, "ensemble": weight * p_gnn + (1 - weight) * p_lm}
