@@ -538,3 +538,74 @@ def test_label_scoring_in_one_pass_equals_one_pass_per_label(with_graph):
         assert torch.allclose(p["lm"].double(), ref[:, :3].softmax(-1), atol=1e-10)
     with pytest.raises(ValueError, match="no tokens"):
         model.score_labels(ids, mask, graph, [[5], []])
+
+
+# ---------------------------------------------------------------------- the recipe
+
+
+def test_recipe_options_change_nothing_at_init():
+    """Target marker (zero) and the message-passing LayerNorm (behind a closed gate) keep every
+    output of the paper's model at initialisation."""
+    ids, mask = prompts(tiny_model())
+    graph = graph_for()
+    plain = tiny_model(seed=3)
+    recipe = tiny_model(seed=3, message_passing_norm=True, target_marker=True)
+    a, b = plain(ids, mask, graph), recipe(ids, mask, graph)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.node_logits, b.node_logits)
+    with torch.no_grad():
+        recipe.glf_target_marker.normal_()
+    moved = recipe(ids, mask, graph)
+    target_rows = graph.target_nodes
+    assert not torch.allclose(moved.node_logits[target_rows], a.node_logits[target_rows])
+    text = ids.masked_fill(ids >= 40, 11)  # no graph: exactly the base model still
+    assert torch.equal(recipe(text, mask).logits, plain(text, mask).logits)
+
+
+def test_label_restricted_lm_loss_is_the_ce_over_label_scores():
+    model = tiny_model(target_marker=True)
+    open_gates(model, 0.5)
+    ids, mask = prompts(model)
+    graph = graph_for()
+    choices = [[5], [7, 8], [9]]
+    classes = torch.tensor([1, 2])
+    out = model(ids, mask, graph, label_choices=choices, classes=classes,
+                node_labels=torch.tensor([1, -100, -100, 2, -100]))  # fmt: skip
+    scores = model.score_labels(ids, mask, graph, choices)
+    ce = torch.nn.functional.cross_entropy(scores, classes)
+    assert torch.allclose(out.lm_loss.detach(), ce, atol=1e-10)
+    out.loss.backward()
+    gates = [p for n, p in model.named_parameters() if n.endswith("gate")]
+    assert all(p.grad is not None and p.grad.abs() > 0 for p in gates)
+    assert model.glf_target_marker.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="needs classes"):
+        model(ids, mask, graph, label_choices=choices)
+
+
+def test_param_groups_and_the_ensemble_weight_chosen_on_validation():
+    from structattn.train.glfusion import (
+        GLFusionTrainConfig,
+        choose_ensemble_weight,
+        glfusion_param_groups,
+        head_accuracies,
+    )
+
+    model = apply_lora(tiny_model(), r=2, alpha=4)
+    cfg = GLFusionTrainConfig(gate_lr=0.05, module_lr=1e-3, head_lr=2e-3)
+    groups = glfusion_param_groups(model, cfg)
+    lr_of = {name: g["lr"] for g in groups for name in g["names"]}
+    assert all(lr_of[n] == 0.05 for n in lr_of if n.endswith("gate"))
+    assert all(lr_of[n] == 2e-3 for n in lr_of if n.startswith("glf_gnn_head"))
+    assert all(lr_of[n] == cfg.optim.lr for n in lr_of if "lora_" in n)  # lora_lr None
+    others = [n for n in lr_of if n.startswith("glf_") and not n.endswith("gate")]
+    assert all(lr_of[n] == 1e-3 for n in others if not n.startswith("glf_gnn_head"))
+    n_params = sum(p.numel() for g in groups for p in g["params"])
+    assert n_params == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    classes = torch.tensor([0, 1, 1, 0])
+    gnn = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.7, 0.3]])  # 3/4 right
+    lm = torch.tensor([[0.4, 0.6], [0.1, 0.9], [0.45, 0.55], [0.6, 0.4]])  # 3/4 right
+    probs = {"gnn": gnn, "lm": lm, "classes": classes}
+    w = choose_ensemble_weight(probs)
+    assert head_accuracies(probs, w)["ensemble"] == 1.0 and 0 < w < 1
+    tie = {"gnn": gnn, "lm": gnn, "classes": classes}
+    assert choose_ensemble_weight(tie) == 0.5  # every weight ties: the paper's 0.5

@@ -230,3 +230,32 @@ def test_from_pyg_names_bad_input():
 
     with pytest.raises(ValueError, match="zero nodes"):
         TextAttributedGraph.from_pyg(Data(num_nodes=0), [], names)
+
+
+def test_recipe_trains_end_to_end(tmp_path):
+    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = _tiny_models(tmp_path)
+    cfg = tiny_cfg(
+        tmp_path,
+        {"max_steps": 3, "batch_size": 2, "eval_every": 3},
+        max_train=6,
+        max_val=4,
+        max_test=4,
+        eval_batch_size=4,
+        baseline_epochs=5,
+        run_dir=tmp_path / "run",
+        message_passing_norm=True,
+        target_marker=True,
+        lm_loss="labels",
+        gate_lr=0.05,
+        module_lr=1e-3,
+        head_lr=1e-3,
+        ensemble_weight=None,
+    )
+    results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    assert results["ensemble_weight_chosen_on_val"] is True
+    assert results["ensemble_weight"] in [i / 10 for i in range(11)]
+    saved = json.loads((tmp_path / "run" / "best" / "glfusion_config.json").read_text())
+    assert saved["target_marker"] and saved["message_passing_norm"]
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert len([r for r in rows if ",train," in r]) == 3

