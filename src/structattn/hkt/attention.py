@@ -223,9 +223,7 @@ class HKTAttention(nn.Module):
                 raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
             return self.o_proj(self.v_proj(x))
         xs = self.levels(x)
-        q = [self._heads(proj(x_l)) for proj, x_l in zip(self.q_proj, xs)]  # (B, H, T_l, d)
-        k = [self._heads(proj(x_l)) for proj, x_l in zip(self.k_proj, xs)]  # (B, H, T_l, d)
-        v_flat = self.v_proj(x)  # (B, T, D)
+        q, k, v_flat = self._project(xs)
         lam = self.level_weights().to(x.dtype)  # (H, L)
         o = hkt_attention(
             q,
@@ -245,6 +243,26 @@ class HKTAttention(nn.Module):
         if cache is None:
             return y
         return y, self._prefill(xs, q, k, v_flat, key_padding_mask)
+
+    def _project(self, xs: list[Tensor]) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """Per-level queries and keys ``(B, H, T_l, d)`` and the values ``(B, T, D)``: one GEMM
+        for level 0's Q, K and V, one per coarse level for its Q and K (the weights are
+        concatenated per call; parameters and checkpoints stay per projection). The outputs are
+        strided views of the GEMM results, which the kernels read in place."""
+        D = self.config.d_model
+
+        def fused(linears: list[nn.Linear], x: Tensor) -> tuple[Tensor, ...]:
+            weight = torch.cat([m.weight for m in linears])
+            bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
+            return F.linear(x, weight, bias).split(D, dim=-1)
+
+        q0, k0, v_flat = fused([self.q_proj[0], self.k_proj[0], self.v_proj], xs[0])
+        q, k = [self._heads(q0)], [self._heads(k0)]
+        for l in range(1, len(xs)):
+            q_l, k_l = fused([self.q_proj[l], self.k_proj[l]], xs[l])
+            q.append(self._heads(q_l))
+            k.append(self._heads(k_l))
+        return q, k, v_flat
 
     def _output(self, attn: Tensor, conv: Tensor | None) -> Tensor:
         """Hybrid head and output projection: ``attn (..., D)``, ``conv (..., D)`` or None."""
