@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup data models test test-slow bench bench-quick bench-layer reproduce lint clean
+.PHONY: setup data models test test-slow bench bench-quick bench-layer bench-decode reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ reproduce: data  ## the main job: HKT vs MHA on the three tasks (quick preset), 
 
 bench-quick: $(STAMP)  ## the attention benchmark on a small grid (about 2 minutes)
 	$(PY) benchmarks/attention.py --preset quick
+
+bench-decode: $(STAMP)  ## streaming decoding, HKT vs MHA with a KV cache, T = 1k/4k/16k (about 5 min)
+	mkdir -p results/bench
+	$(PY) benchmarks/decode.py --threads 1 --json results/bench/decode.json
 
 bench-layer: $(STAMP)  ## the HKT layer and a ListOps training step against MHA, with profiles (about 4 min)
 	$(PY) benchmarks/attention.py --sections layer step --layer-seq-lens 1024 4096

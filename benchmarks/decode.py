@@ -45,9 +45,9 @@ def build(attention: str, args, max_len: int) -> CausalLM:
     return CausalLM(cfg).eval()
 
 
-def timed(fn) -> float:
+def timed(fn, *args, **kwargs) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args, **kwargs)
     return time.perf_counter() - t0
 
 
@@ -62,13 +62,13 @@ def measure(models: dict[str, CausalLM], T: int, args) -> dict:
     cache_bytes = {}
     for _ in range(args.repeats):
         for name, model in models.items():  # alternate the models, repeat by repeat
-            res[name]["forward_s"].append(timed(lambda: model(prompt)))
+            res[name]["forward_s"].append(timed(model, prompt))
             cache = model.new_cache()
-            res[name]["prefill_s"].append(timed(lambda: model(prompt, cache=cache)))
+            res[name]["prefill_s"].append(timed(model, prompt, cache=cache))
             cache_bytes[name] = cache.nbytes()
             for t in range(args.new_tokens):
                 tok = steps[:, t : t + 1]
-                res[name]["step_s"].append(timed(lambda: model(tok, cache=cache)))
+                res[name]["step_s"].append(timed(model, tok, cache=cache))
     row = {"seq_len": T}
     for name, r in res.items():
         step = statistics.median(r["step_s"])

@@ -101,3 +101,22 @@ def test_layer_and_step_sections_write_ratios_and_profiles(tmp_path, capsys):
     assert "Where the time goes" in out
     step = json.loads((tmp_path / "step.json").read_text())["rows"][0]
     assert step["hkt_parameters"] > step["mha_parameters"]  # per-level projections, convs
+
+
+def test_decode_benchmark_runs_and_reports_ratios(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT.parent / "decode.py")
+    decode = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode)
+    out = tmp_path / "decode.json"
+    result = decode.main(
+        ["--seq-lens", "40", "64", "--new-tokens", "3", "--repeats", "1", "--d-model", "16",
+         "--n-heads", "2", "--n-layers", "1", "--json", str(out)]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "| 40 |" in printed and "| 64 |" in printed
+    saved = json.loads(out.read_text())
+    assert [r["seq_len"] for r in saved["rows"]] == [40, 64]
+    for row in result["rows"]:
+        assert row["step_ratio"] == pytest.approx(row["hkt"]["step_ms"] / row["mha"]["step_ms"])
+        # HKT's cache holds (1 + 1/2 + 1/4) key rows per value row, plus its small windows
+        assert 1.3 < row["cache_ratio"] < 1.6
