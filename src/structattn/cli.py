@@ -9,7 +9,7 @@
     structattn reproduce [--preset quick|paper] [--seeds 0 1 2] [--tasks listops image text]
     structattn ablate [--preset quick] [--task listops] [--seeds 0 1 2]
     structattn diagnose RUN_DIR
-    structattn glfusion train [--preset quick|paper] [--dataset wordnet|arxiv] [--train.max-steps N]
+    structattn glfusion train [--preset quick|recipe|paper] [--dataset wordnet|arxiv|file]
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
 subcommand lists them with their defaults. Bad input (a config key, value, preset, data file or
@@ -336,7 +336,7 @@ def glfusion_main(argv: list[str]) -> None:
 
     if not argv or argv[0] != "train":
         raise ConfigError(
-            "usage: structattn glfusion train [--config PATH] [--preset quick|paper] ..."
+            "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ..."
         )
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default="glfusion")
@@ -349,7 +349,7 @@ def glfusion_main(argv: list[str]) -> None:
         rest,
         "structattn glfusion train",
         "Train GL-Fusion; --config (default: the shipped glfusion.yaml) and --preset "
-        "quick|paper choose the defaults below; flags override them.",
+        "quick|recipe|paper choose the defaults below; flags override them.",
     )
     print(results_table(train_glfusion(cfg)))
 
