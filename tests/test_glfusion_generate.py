@@ -116,3 +116,18 @@ def test_bad_input_is_named():
         model.generate(ids, mask, graph, do_sample=True, temperature=0.0)
     with pytest.raises(ValueError, match="no graph"):
         model.generate(ids, mask, None)
+
+
+def test_decoding_is_exact_with_lora_adapters():
+    from structattn.glfusion import apply_lora
+
+    model = apply_lora(tiny_model(), r=2, alpha=4).double().eval()
+    open_gates(model, 0.6)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # zero at init: give the adapters an effect
+                p.normal_(0, 0.1)
+    ids, mask = prompts(model)
+    graph = graph_for()
+    new, logits = model.generate(ids, mask, graph, max_new_tokens=5, return_logits=True)
+    assert (logits - full_forward_logits(model, ids, mask, graph, new)).abs().max() <= 1e-10
