@@ -84,7 +84,7 @@ def test_tiny_glfusion_train_and_eval(tmp_path):
         for head in ("gnn", "lm", "ensemble"):  # a count of correct targets out of 6
             hits = results["heads"][split][head] * 6
             assert abs(hits - round(hits)) < 1e-9, (split, head, hits)
-    assert set(results["baselines"]) == {"mlp", "graphsage"}
+    assert set(results["baselines"]) == {"mlp", "graphsage", "mlp+labels", "graphsage+labels"}
     assert results["stand_in"] and results["targets"] == {"train": 12, "val": 6, "test": 6}
     run = tmp_path / "run"
     table = (run / "results.md").read_text()
@@ -259,3 +259,37 @@ def test_recipe_trains_end_to_end(tmp_path):
     assert saved["target_marker"] and saved["message_passing_norm"]
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert len([r for r in rows if ",train," in r]) == 3
+
+
+def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
+    from structattn.data.graphs import TextAttributedGraph
+    from structattn.train.glfusion import run_baselines
+
+    n, K = 240, 4
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % K
+    order = torch.argsort(y * n + torch.randperm(n, generator=g))  # nodes grouped by class
+
+    def make(edges):
+        return TextAttributedGraph(
+            name="t", node_texts=["x"] * n, labels=y, label_names=list("abcd"),
+            edge_index=edges, splits={}, source="t", stand_in=True,
+        )  # fmt: skip
+
+    # homophilous: a ring through each class's nodes
+    src, dst = [], []
+    for c in range(K):
+        members = order[y[order] == c]
+        src += members.tolist()
+        dst += members.roll(1).tolist()
+    noise = torch.randn(n, 8, generator=g)  # text that says nothing about the class
+    perm = torch.randperm(n, generator=g).tolist()
+    targets = {"train": perm[:120], "val": perm[120:180], "test": perm[180:]}
+    homo = run_baselines(make(torch.tensor([src, dst])), list(range(n)), noise, targets, 60, 0)
+    # a val node sees a labelled neighbour with probability 3/4 (two ring neighbours, half train)
+    assert homo["graphsage+labels"]["val"] > 0.7 and homo["mlp+labels"]["val"] > 0.7
+    assert homo["mlp"]["val"] < 0.45  # chance is 0.25
+    # no edges: a node's own label is the only label it could see, and it never does
+    alone = run_baselines(make(torch.zeros(2, 0, dtype=torch.long)), list(range(n)), noise,
+                          targets, 60, 0)  # fmt: skip
+    assert alone["graphsage+labels"]["val"] < 0.45 and alone["mlp+labels"]["val"] < 0.45

@@ -215,7 +215,17 @@ def run_baselines(
     epochs: int,
     seed: int,
 ) -> dict[str, dict[str, float]]:
-    """MLP and GraphSAGE, full batch on the subgraph induced by ``universe``."""
+    """MLP and GraphSAGE, full batch on the subgraph induced by ``universe``; each also with
+    training labels as input features, the information GL-Fusion's prompts carry:
+
+    * ``graphsage+labels``: node features ``[text, one-hot label]``, the label shown only for
+      training nodes that are not being predicted (zeros otherwise), so GraphSAGE aggregates
+      neighbours' labels;
+    * ``mlp+labels``: ``[text, mean of the neighbours' shown labels]`` (an MLP sees no graph).
+
+    While training, half of the training nodes (a fresh seeded half per epoch) show their label
+    and the other half are the targets, so no node is ever predicted from its own label; at
+    evaluation every training node shows its label and validation / test nodes never do."""
     from torch_geometric.utils import subgraph, to_undirected
 
     local = {v: i for i, v in enumerate(universe)}
@@ -230,21 +240,46 @@ def run_baselines(
     lookup[nodes] = torch.arange(len(nodes))
     edges = lookup[edges]  # positions in `universe`
     y = graph.labels[nodes]
+    K = len(graph.label_names)
     idx = {k: torch.tensor([local[v] for v in vs]) for k, vs in targets.items()}
+    train_mask = torch.zeros(len(nodes), dtype=torch.bool)
+    train_mask[idx["train"]] = True
+    one_hot = F.one_hot(y, K).float()
+    degree = torch.bincount(edges[1], minlength=len(nodes)).clamp_min(1).float()[:, None]
+
+    def features(name: str, shown: torch.Tensor) -> torch.Tensor:
+        if not name.endswith("+labels"):
+            return pooled
+        labels = one_hot * shown[:, None].float()  # (n, K): zeros where not shown
+        if name.startswith("graphsage"):
+            return torch.cat([pooled, labels], 1)
+        neighbours = torch.zeros_like(labels).index_add_(0, edges[1], labels[edges[0]]) / degree
+        return torch.cat([pooled, neighbours], 1)
+
     results = {}
-    for name, conv in (("mlp", False), ("graphsage", True)):
+    for name in ("mlp", "graphsage", "mlp+labels", "graphsage+labels"):
         torch.manual_seed(seed)
-        model = _Baseline(pooled.shape[1], len(graph.label_names), conv)
+        g = torch.Generator().manual_seed(seed)
+        conv = name.startswith("graphsage")
+        model = _Baseline(features(name, train_mask).shape[1], K, conv)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
         best, best_state = -1.0, None
         for _ in range(epochs):
             model.train()
             opt.zero_grad()
-            F.cross_entropy(model(pooled, edges)[idx["train"]], y[idx["train"]]).backward()
+            fit_on = idx["train"]
+            shown = torch.zeros_like(train_mask)
+            if name.endswith("+labels"):  # half show their label, the other half are targets
+                order = idx["train"][torch.randperm(len(idx["train"]), generator=g)]
+                half = len(order) // 2
+                shown[order[:half]] = True
+                fit_on = order[half:]
+            logits = model(features(name, shown), edges)
+            F.cross_entropy(logits[fit_on], y[fit_on]).backward()
             opt.step()
             model.eval()
             with torch.no_grad():
-                pred = model(pooled, edges).argmax(-1)
+                pred = model(features(name, train_mask), edges).argmax(-1)
             val = (pred[idx["val"]] == y[idx["val"]]).float().mean().item()
             if val > best:
                 test = (pred[idx["test"]] == y[idx["test"]]).float().mean().item()
@@ -293,6 +328,7 @@ WEIGHT_GRID = [i / 10 for i in range(11)]
 
 def choose_ensemble_weight(probs: dict[str, Tensor]) -> float:
     """The weight of the GNN head with the best validation accuracy (ties: nearest 0.5)."""
+
     def acc(w: float) -> float:
         mix = w * probs["gnn"] + (1 - w) * probs["lm"]
         return (mix.argmax(-1) == probs["classes"]).float().mean().item()
@@ -523,6 +559,12 @@ def results_table(r: dict[str, Any]) -> str:
         ("MLP on node-text encodings", b["mlp"]["val"], b["mlp"]["test"], None),
         ("GraphSAGE on node-text encodings", b["graphsage"]["val"], b["graphsage"]["test"], None),
     ]
+    for key, name in (
+        ("mlp+labels", "MLP on encodings + neighbours' training labels"),
+        ("graphsage+labels", "GraphSAGE on encodings + training labels (target masked)"),
+    ):
+        if key in b:
+            rows.append((name, b[key]["val"], b[key]["test"], None))
     lines = [
         f"GL-Fusion node classification on {data}; LLM {r['llm']}; targets "
         f"{r['targets']}. Accuracy (%); the paper's column is ogbn-arxiv with Llama-3-8B.",
