@@ -293,3 +293,42 @@ def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
     alone = run_baselines(make(torch.zeros(2, 0, dtype=torch.long)), list(range(n)), noise,
                           targets, 60, 0)  # fmt: skip
     assert alone["graphsage+labels"]["val"] < 0.45 and alone["mlp+labels"]["val"] < 0.45
+
+
+def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
+    from structattn.train.glfusion import predict_nodes
+
+    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = _tiny_models(tmp_path)
+    cfg = tiny_cfg(
+        tmp_path,
+        {"max_steps": 2, "batch_size": 2, "eval_every": 2},
+        max_train=4, max_val=3, max_test=3, eval_batch_size=3, baseline_epochs=2,
+        run_dir=tmp_path / "run",
+    )  # fmt: skip
+    results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    fresh_llm, _ = _tiny_models(tmp_path)  # the same base weights (seeded), as from disk
+    # the saved run predicts its own test targets as its evaluation did
+    from structattn.train.glfusion import _targets, load_graph
+
+    test_nodes = _targets(load_graph(cfg), "test", 3, cfg.seed)
+    test_rows = predict_nodes(tmp_path / "run", test_nodes, llm=fresh_llm, encoder=encoder)
+    hits = sum(r["predicted"] == r["true"] for r in test_rows) / 3
+    assert abs(hits - results["heads"]["test"]["ensemble"]) < 1e-9
+    fresh_llm, _ = _tiny_models(tmp_path)
+    rows = predict_nodes(tmp_path / "run", [0, 5, 47], llm=fresh_llm, encoder=encoder)
+    assert [r["node"] for r in rows] == [0, 5, 47]
+    for r in rows:
+        assert abs(sum(r["ensemble"]) - 1) < 1e-5 and r["ensemble_weight"] == 0.5
+        assert r["predicted"] in [n.removeprefix("noun.") for n in WORDNET_NOUN_CLASSES]
+    # deterministic: the same run and node give the same distributions
+    again = predict_nodes(tmp_path / "run", [0], llm=_tiny_models(tmp_path)[0], encoder=encoder)
+    assert again[0]["gnn"] == rows[0]["gnn"]
+    import pytest
+
+    from structattn.errors import ConfigError, RunError
+
+    with pytest.raises(ConfigError, match="node ids"):
+        predict_nodes(tmp_path / "run", [10_000], llm=fresh_llm, encoder=encoder)
+    with pytest.raises(RunError, match="not found"):
+        predict_nodes(tmp_path / "nowhere", [0])

@@ -334,9 +334,23 @@ def glfusion_main(argv: list[str]) -> None:
         train_glfusion,
     )
 
+    if argv and argv[0] == "predict":
+        from structattn.train.glfusion import predict_nodes
+
+        pre = argparse.ArgumentParser(
+            prog="structattn glfusion predict",
+            description="Classify nodes of a run's graph with its best weights.",
+        )
+        pre.add_argument("run_dir", help="a GL-Fusion run directory (with best/)")
+        pre.add_argument("--nodes", type=int, nargs="+", required=True, help="node ids")
+        args = pre.parse_args(argv[1:])
+        for row in predict_nodes(args.run_dir, args.nodes):
+            print(json.dumps(row))
+        return
     if not argv or argv[0] != "train":
         raise ConfigError(
-            "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ..."
+            "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
+            "| structattn glfusion predict RUN_DIR --nodes ID [ID ...]"
         )
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default="glfusion")

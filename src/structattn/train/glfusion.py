@@ -18,6 +18,7 @@ node-text encodings (mean-pooled), in one results table.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,12 +27,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import Tensor, nn
 from tqdm import tqdm
 
 from structattn.data.base import default_data_dir
 from structattn.data.graphs import TextAttributedGraph, read_ogbn_arxiv, read_wordnet_nouns
-from structattn.errors import ConfigError
+from structattn.errors import ConfigError, RunError
 from structattn.glfusion.configuration import GLFusionConfig
 from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
@@ -583,3 +585,71 @@ def results_table(r: dict[str, Any]) -> str:
         f"wall time {r['wall_s'] / 60:.1f} min."
     )
     return "\n".join(lines)
+
+
+def predict_nodes(
+    run_dir: str | Path,
+    node_ids: list[int],
+    llm=None,
+    encoder=None,
+    graph: TextAttributedGraph | None = None,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """Classify nodes of the run's graph (any ids: new targets, not only the run's test set) with
+    a saved run's best weights: per node the GNN, LM and ensemble distributions (the run's
+    ensemble weight) and the predicted label name.
+
+    ``llm``, ``encoder`` (``(model, tokenizer)``) and ``graph`` default to what the run's
+    ``config.yaml`` names; pass them for models or graphs that are not on disk."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise RunError(f"{config_path} not found: is {run_dir} a GL-Fusion run directory?")
+    if not (run_dir / "best" / "glfusion_config.json").is_file():
+        raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
+    try:
+        values = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RunError(f"{config_path} is not valid YAML ({err})") from None
+    values["resume"] = False
+    cfg = build_glfusion_config(values)
+    graph = graph if graph is not None else load_graph(cfg)
+    bad = [v for v in node_ids if not 0 <= int(v) < graph.num_nodes]
+    if bad or not node_ids:
+        raise ConfigError(f"node ids must be in 0..{graph.num_nodes - 1}, got {bad or node_ids}")
+    if llm is None:
+        llm = load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
+    base, tokenizer = llm
+    enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
+    model = GLFusionForCausalLM.from_pretrained(run_dir / "best", base).eval()
+    saved = run_dir / "results.json"
+    results = json.loads(saved.read_text()) if saved.is_file() else {}
+    default = cfg.ensemble_weight if cfg.ensemble_weight is not None else 0.5
+    weight = results.get("ensemble_weight", default)
+    train_nodes = set(graph.splits["train"].tolist())
+    examples = [
+        build_example(graph, int(v), tokenizer, model.config, num_hops=cfg.num_hops,
+                      max_nodes=cfg.max_nodes, seed=cfg.seed,
+                      show_neighbour_labels=cfg.show_neighbour_labels, train_nodes=train_nodes)
+        for v in node_ids
+    ]  # fmt: skip
+    root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
+    cache = EncodingCache(root / "encodings", enc_model, enc_tok, cfg.text_tokens)
+    probs = head_probabilities(
+        model, examples, cache.get, label_token_ids(graph, tokenizer), batch_size
+    )
+    out = []
+    for i, v in enumerate(node_ids):
+        mix = weight * probs["gnn"][i] + (1 - weight) * probs["lm"][i]
+        out.append(
+            {
+                "node": int(v),
+                "predicted": graph.label_names[int(mix.argmax())],
+                "true": graph.label_names[int(graph.labels[int(v)])],
+                "ensemble": mix.tolist(),
+                "gnn": probs["gnn"][i].tolist(),
+                "lm": probs["lm"][i].tolist(),
+                "ensemble_weight": weight,
+            }
+        )
+    return out
