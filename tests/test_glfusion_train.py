@@ -332,3 +332,33 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
         predict_nodes(tmp_path / "run", [10_000], llm=fresh_llm, encoder=encoder)
     with pytest.raises(RunError, match="not found"):
         predict_nodes(tmp_path / "nowhere", [0])
+
+
+def test_glfusion_ablations_one_table(tmp_path):
+    from structattn.train.glfusion import ablate_glfusion
+
+    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    tiny = dict(TINY, data_dir=tmp_path / "data", max_train=4, max_val=3, max_test=3,
+                eval_batch_size=3, baseline_epochs=3,
+                train={"max_steps": 2, "batch_size": 2, "eval_every": 2})  # fmt: skip
+    calls = []
+
+    def models():
+        calls.append(1)
+        return _tiny_models(tmp_path)
+
+    variants = ("no-message-passing", "lm-head-only", "gnn-head-only")
+    out = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models, **tiny)
+    assert len(calls) == 8  # full + 3 variants, 2 seeds
+    table = (tmp_path / "abl" / "recipe" / "ablations.md").read_text()
+    for name in ("GL-Fusion full", "no-message-passing", "lm-head-only", "GraphSAGE + training"):
+        assert name in table
+    assert out["best_label_baseline"] in ("mlp+labels", "graphsage+labels")
+    runs = out["runs"]
+    assert runs["lm-head-only"]["0"]["ensemble_weight"] == 0.0
+    assert runs["gnn-head-only"]["1"]["ensemble_weight"] == 1.0
+    saved = json.loads((tmp_path / "abl/recipe/no-message-passing/seed0/best/glfusion_config.json")
+                       .read_text())  # fmt: skip
+    assert saved["message_passing_layers"] == []
+    again = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models, **tiny)
+    assert len(calls) == 8 and again["table"] == out["table"]  # finished runs are kept

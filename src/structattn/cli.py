@@ -347,10 +347,29 @@ def glfusion_main(argv: list[str]) -> None:
         for row in predict_nodes(args.run_dir, args.nodes):
             print(json.dumps(row))
         return
+    if argv and argv[0] == "ablate":
+        from structattn.train.glfusion import GLFUSION_ABLATIONS, ablate_glfusion
+
+        pre = argparse.ArgumentParser(
+            prog="structattn glfusion ablate",
+            description="GL-Fusion's ablations and the baselines, one table (results/glfusion).",
+        )
+        pre.add_argument("--preset", default="recipe", help="quick | recipe | paper")
+        pre.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        pre.add_argument("--variants", nargs="+", default=list(GLFUSION_ABLATIONS),
+                         choices=list(GLFUSION_ABLATIONS))  # fmt: skip
+        pre.add_argument("--out-dir", default="results/glfusion")
+        pre.add_argument("--no-progress", action="store_true")
+        args = pre.parse_args(argv[1:])
+        out = ablate_glfusion(args.preset, tuple(args.seeds), args.out_dir, tuple(args.variants),
+                              progress=not args.no_progress)  # fmt: skip
+        print(out["table"])
+        return
     if not argv or argv[0] != "train":
         raise ConfigError(
             "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
-            "| structattn glfusion predict RUN_DIR --nodes ID [ID ...]"
+            "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] "
+            "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2]"
         )
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default="glfusion")

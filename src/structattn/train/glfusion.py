@@ -108,6 +108,7 @@ class GLFusionTrainConfig:
     head_lr: float | None = None  # the GNN head
     lora_lr: float | None = None  # the LoRA adapters
     ensemble_weight: float | None = 0.5  # p = w p_gnn + (1 - w) p_lm; None: chosen on val
+    heads: str = "both"  # trained heads: both (the twin predictor) | gnn | lm (ablations)
     eval_batch_size: int = 8  # targets per evaluation batch
     baseline_epochs: int = 200  # full-batch epochs of the MLP / GraphSAGE baselines
     seed: int = 0  # sampling, init, data order
@@ -125,6 +126,8 @@ class GLFusionTrainConfig:
             raise ValueError(
                 f"llm_dtype must be one of {sorted(LLM_DTYPES)}, got {self.llm_dtype!r}"
             )
+        if self.heads not in ("both", "gnn", "lm"):
+            raise ValueError(f"heads must be both, gnn or lm, got {self.heads!r}")
         if self.lm_loss not in ("tokens", "labels"):
             raise ValueError(f"lm_loss must be tokens or labels, got {self.lm_loss!r}")
         if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:
@@ -439,6 +442,7 @@ def train_glfusion(
         cross_attention_layers=cfg.cross_attention_layers,
         message_passing_norm=cfg.message_passing_norm,
         target_marker=cfg.target_marker,
+        lm_loss_weight=0.0 if cfg.heads == "gnn" else 1.0,
     )
     model = apply_lora(
         GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer),
@@ -488,13 +492,19 @@ def train_glfusion(
         if cfg.lm_loss == "labels":  # the prompt only; the LM loss is over the label names
             batch = collate_examples(chunk, encode, with_labels=False)
             keys = ("input_ids", "attention_mask", "graph", "node_labels", "classes")
-            return {"label_choices": label_choices, **{k: batch[k] for k in keys}}
-        batch = collate_examples(chunk, encode)
-        return {
-            k: batch[k] for k in ("input_ids", "attention_mask", "graph", "labels", "node_labels")
-        }
+            out = {"label_choices": label_choices, **{k: batch[k] for k in keys}}
+        else:
+            batch = collate_examples(chunk, encode)
+            keys = ("input_ids", "attention_mask", "graph", "labels", "node_labels")
+            out = {k: batch[k] for k in keys}
+        if cfg.heads == "lm":  # the GNN head is not trained
+            out.pop("node_labels")
+        return out
 
     def validate(m: nn.Module) -> dict[str, float]:
+        if cfg.heads == "lm":  # select on the head that is trained
+            acc = evaluate_heads(m, examples["val"], encode, label_choices, cfg.eval_batch_size)
+            return {"acc": acc["lm"]}
         return {"acc": gnn_accuracy(m, examples["val"], encode, cfg.eval_batch_size)}
 
     groups = glfusion_param_groups(model, cfg)
@@ -512,7 +522,9 @@ def train_glfusion(
         for s in ("val", "test")
     }
     weight = cfg.ensemble_weight
-    if weight is None:
+    if cfg.heads != "both":  # one trained head: the ensemble is that head
+        weight = 1.0 if cfg.heads == "gnn" else 0.0
+    elif weight is None:
         weight = choose_ensemble_weight(probs["val"])  # on validation, never test
     heads = {s: head_accuracies(p, weight) for s, p in probs.items()}
     universe = sorted({int(v) for exs in examples.values() for ex in exs for v in ex.nodes})
@@ -529,7 +541,8 @@ def train_glfusion(
         "targets": {k: len(v) for k, v in targets.items()},
         "heads": heads,
         "ensemble_weight": weight,
-        "ensemble_weight_chosen_on_val": cfg.ensemble_weight is None,
+        "ensemble_weight_chosen_on_val": cfg.ensemble_weight is None and cfg.heads == "both",
+        "heads_trained": cfg.heads,
         "baselines": baselines,
         "best_step": result.best["step"],
         "skipped_steps": result.skipped_steps,
@@ -653,3 +666,124 @@ def predict_nodes(
             }
         )
     return out
+
+
+#: GL-Fusion ablations: config changes from the preset, each trained on the same splits.
+GLFUSION_ABLATIONS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "no-neighbour-labels": {"show_neighbour_labels": False},
+    "no-message-passing": {"message_passing_layers": []},
+    "no-cross-attention": {"cross_attention_layers": []},
+    "gnn-head-only": {"heads": "gnn"},
+    "lm-head-only": {"heads": "lm"},
+}
+
+BASELINE_NAMES = {
+    "mlp": "MLP on node-text encodings",
+    "graphsage": "GraphSAGE on node-text encodings",
+    "mlp+labels": "MLP + neighbours' training labels",
+    "graphsage+labels": "GraphSAGE + training labels (target masked)",
+}
+
+
+def ablate_glfusion(
+    preset: str = "recipe",
+    seeds: tuple[int, ...] = (0, 1, 2),
+    out_dir: str | Path = "results/glfusion",
+    variants: tuple[str, ...] = tuple(GLFUSION_ABLATIONS),
+    progress: bool = True,
+    models=None,
+    config: str | Path = "glfusion",
+    **overrides,
+) -> dict[str, Any]:
+    """Train every variant for every seed on one preset (finished runs are kept, interrupted
+    ones resumed) and write one table: GL-Fusion's heads per variant beside the four baselines,
+    mean ± std over seeds, and the paired difference between the full model's ensemble and the
+    better label-aware baseline. ``models()`` may return fresh ``(llm, encoder)`` pairs
+    (tests); otherwise they load offline per run."""
+    from .stats import mean_std, paired_difference
+
+    unknown = [v for v in variants if v not in GLFUSION_ABLATIONS]
+    if unknown:
+        raise ConfigError(f"unknown variants {unknown}; choose from {list(GLFUSION_ABLATIONS)}")
+    if "full" not in variants:
+        variants = ("full", *variants)
+    root = Path(out_dir) / preset
+    runs: dict[str, dict[int, dict]] = {}
+    for variant in variants:
+        for seed in seeds:
+            run_dir = root / variant / f"seed{seed}"
+            done = run_dir / "results.json"
+            if done.is_file():
+                runs.setdefault(variant, {})[seed] = json.loads(done.read_text())
+                continue
+            resume = (run_dir / "checkpoints").is_dir()
+            changes = {**overrides, **GLFUSION_ABLATIONS[variant], "seed": seed,
+                       "run_dir": run_dir, "resume": resume}  # fmt: skip
+            cfg = load_glfusion(config, preset, **changes)
+            if progress:
+                print(f"[glfusion ablate] {variant} seed {seed} -> {run_dir}", file=sys.stderr)
+            llm, encoder = models() if models is not None else (None, None)
+            result = train_glfusion(cfg, progress=progress, llm=llm, encoder=encoder)
+            if "paused_at" in result:
+                raise RunError(f"{run_dir} paused at step {result['paused_at']}; run again")
+            runs.setdefault(variant, {})[seed] = result
+    full = runs["full"]
+    ordered = sorted(full)
+
+    def cell(values):
+        m, s = mean_std([100 * v for v in values])
+        return f"{m:.2f} ± {s:.2f}"
+
+    first = full[ordered[0]]
+    data = first["data_source"] + (" **(stand-in)**" if first["stand_in"] else "")
+    lines = [
+        f"GL-Fusion ablations, preset `{preset}`, seeds {ordered}: test accuracy (%) mean ± std. "
+        f"Data: {data}; LLM {first['llm']}; targets {first['targets']}.",
+        "",
+        "| model | ensemble | GNN head | LM head | ensemble weight |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for variant in variants:
+        rs = [runs[variant][s] for s in sorted(runs[variant])]
+        heads = {h: cell([r["heads"]["test"][h] for r in rs]) for h in ("ensemble", "gnn", "lm")}
+        weights = sorted({r["ensemble_weight"] for r in rs})
+        lines.append(
+            f"| GL-Fusion {variant} | {heads['ensemble']} | {heads['gnn']} | {heads['lm']} | "
+            f"{', '.join(f'{w:g}' for w in weights)} |"
+        )
+    for key, name in BASELINE_NAMES.items():
+        vals = [full[s]["baselines"][key]["test"] for s in ordered if key in full[s]["baselines"]]
+        if vals:
+            lines.append(f"| {name} | {cell(vals)} | - | - | - |")
+    best_key = max(
+        ("mlp+labels", "graphsage+labels"),
+        key=lambda k: sum(full[s]["baselines"][k]["val"] for s in ordered),
+    )  # the better label-aware baseline, chosen on validation
+    diff = paired_difference(
+        [full[s]["heads"]["test"]["ensemble"] * 100 for s in ordered],
+        [full[s]["baselines"][best_key]["test"] * 100 for s in ordered],
+    )
+    verdict = {"a better": "GL-Fusion better", "b better": f"{best_key} better"}.get(
+        diff["verdict"], "inconclusive"
+    )
+    lines += [
+        "",
+        "| comparison (paired by seed) | Δ mean (pp) | 95% interval | verdict |",
+        "|---|---:|---|---|",
+        f"| GL-Fusion full ensemble − {BASELINE_NAMES[best_key]} | {diff['mean']:+.2f} | "
+        f"[{diff['ci_low']:+.2f}, {diff['ci_high']:+.2f}] | {verdict} |",
+    ]
+    table = "\n".join(lines)
+    summary = {
+        "preset": preset,
+        "seeds": ordered,
+        "variants": list(variants),
+        "runs": {v: {str(s): r for s, r in rs.items()} for v, rs in runs.items()},
+        "best_label_baseline": best_key,
+        "full_minus_best_label_baseline": diff,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ablations.md").write_text(table + "\n")
+    (root / "ablations.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+    return {"table": table, **summary}
