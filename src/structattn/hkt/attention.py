@@ -348,8 +348,8 @@ class HKTAttention(nn.Module):
         for l in reversed(range(L)):
             q_l = (cache.queries[l] * w[:, l, None])[:, :, None, :]  # (B, H, 1, d)
             s_l = (q_l @ cache.keys[l][:, :, : T0 // s**l].transpose(-1, -2)).squeeze(-2)
-            if acc is not None:  # (B, H, T_l) += upsampled (B, H, T_l / s)
-                s_l = (s_l.unflatten(-1, (-1, s)) + acc[..., None]).flatten(-2)
+            if acc is not None:  # (B, H, T_l) += upsampled (B, H, T_l / s), in place
+                s_l.unflatten(-1, (-1, s)).add_(acc[..., None])
             acc = s_l
         o = decode_attention(acc, n, cache.values[:, :, :T0], self.attn_drop_p()).reshape(B, D)
 
