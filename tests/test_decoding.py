@@ -222,3 +222,24 @@ def test_cache_repr_and_lengths():
     cache = LMCache(("x",), 2, 2)
     assert cache.is_empty and cache.lengths is None and cache.get_seq_length() == 0
     assert "empty" in repr(cache) and len(cache) == 2
+
+
+def test_decoding_follows_parameter_updates_and_dtype_changes():
+    """The decode step caches its concatenated weights; a changed parameter or dtype is seen."""
+    model = make_lm("hkt", n_levels=3, stride=2)
+    text = torch.randint(1, VOCAB, (1, 12))
+
+    def decoded():
+        cache = model.new_cache()
+        model(text[:, :6], cache=cache)
+        return torch.cat([model(text[:, t : t + 1], cache=cache).logits for t in range(6, 12)], 1)
+
+    assert torch.allclose(decoded(), model(text).logits[:, 6:], atol=1e-10, rtol=0)
+    with torch.no_grad():
+        for block in model.encoder.blocks:
+            block.attn.v_proj.weight.mul_(1.5)
+            block.attn.level_logits.add_(torch.randn_like(block.attn.level_logits))
+            block.attn.beta_logits.sub_(0.5)
+    assert torch.allclose(decoded(), model(text).logits[:, 6:], atol=1e-10, rtol=0)
+    model.float()
+    assert torch.allclose(decoded(), model(text).logits[:, 6:], atol=1e-4, rtol=0)

@@ -330,20 +330,21 @@ class HKTAttention(nn.Module):
         # T0 / s^l rows and the coarse-to-fine sum is a reshape (rows past n are masked).
         span = s ** (L - 1)
         T0 = -(-int(n.max()) // span) * span
-        if B == 1 or bool((pos == pos[0]).all()):
-            self._new_coarse_tokens_aligned(x, cache, int(pos[0]), T0)
-        else:
-            self._new_coarse_tokens(x, cache, pos, T0)
-
-        v = self.v_proj(x)  # (B, D)
+        weight, bias, w, beta = self._decode_params(x.dtype)
+        q0, k0, v = F.linear(x, weight, bias).split(D, dim=-1)  # level 0's Q, K, V: one GEMM
         values = grow(cache.values, T0)
-        values[bidx, :, pos] = v.view(B, H, d)
+        if B == 1 or bool((pos == pos[0]).all()):
+            p = int(pos[0])
+            self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0)
+            values[:, :, p] = v.view(B, H, d)
+        else:
+            self._new_coarse_tokens(x, q0, k0, cache, pos, T0)
+            values[bidx, :, pos] = v.view(B, H, d)
         cache.values = values
 
         # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
         # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j]; lambda and the
-        # scale go on the queries (d numbers each instead of T).
-        w = self.level_weights().to(x.dtype) * (1.0 / math.sqrt(d))  # (H, L)
+        # scale (w) go on the queries (d numbers each instead of T).
         acc = None
         for l in reversed(range(L)):
             q_l = (cache.queries[l] * w[:, l, None])[:, :, None, :]  # (B, H, 1, d)
@@ -353,15 +354,42 @@ class HKTAttention(nn.Module):
             acc = s_l
         o = decode_attention(acc, n, cache.values[:, :, :T0], self.attn_drop_p()).reshape(B, D)
 
-        conv = None
         if cfg.hybrid:
             inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
             cache.conv_window = inputs[:, 1:]
             conv = _depthwise_last(inputs, self.conv.conv)
+            o = torch.lerp(conv, o, beta)
         cache.lengths = n
-        return self._output(o, conv)
+        return self.out_dropout(self.o_proj(o))
 
-    def _new_coarse_tokens(self, x: Tensor, cache: HKTLayerCache, pos: Tensor, T0: int) -> None:
+    def _decode_params(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+        """Level 0's Q, K, V weights and biases concatenated, the level weights times the score
+        scale ``(H, L)`` and beta per channel ``(D,)``: built once and reused while the
+        parameters are unchanged (their versions key the cache) and no gradient is wanted."""
+        cfg = self.config
+        linears = [self.q_proj[0], self.k_proj[0], self.v_proj]
+        tensors = [m.weight for m in linears] + [self.level_logits]
+        if cfg.hybrid:
+            tensors.append(self.beta_logits if cfg.learn_beta else self.beta_fixed)
+        if linears[0].bias is not None:
+            tensors += [m.bias for m in linears]
+        key = (dtype, *((id(t), t.data_ptr(), t.device, t._version) for t in tensors))
+        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        cached = getattr(self, "_decode_params_cache", None)
+        if cacheable and cached is not None and cached[0] == key:
+            return cached[1]
+        weight = torch.cat([m.weight for m in linears]).to(dtype)
+        bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears]).to(dtype)
+        w = self.level_weights().to(dtype) * (1.0 / math.sqrt(cfg.head_dim))
+        beta = self.beta().to(dtype).repeat_interleave(cfg.head_dim)
+        params = (weight, bias, w, beta)
+        if cacheable:
+            self._decode_params_cache = (key, params)
+        return params
+
+    def _new_coarse_tokens(
+        self, x: Tensor, q0: Tensor, k0: Tensor, cache: HKTLayerCache, pos: Tensor, T0: int
+    ) -> None:
         """Queries, keys and windows of every level for tokens at positions ``pos (B,)``:
         level ``l`` gets a coarse token where ``pos % s^l == 0`` (per sequence)."""
         cfg = self.config
@@ -382,8 +410,8 @@ class HKTAttention(nn.Module):
                     break
                 tok = _depthwise_last(inputs, down.conv.conv)  # (B, D)
                 tok = F.gelu(down.norm(tok))
-            k_l = self.k_proj[l](tok).view(B, H, d)
-            q_l = self.q_proj[l](tok).view(B, H, d)
+            k_l = (k0 if l == 0 else self.k_proj[l](tok)).reshape(B, H, d)
+            q_l = (q0 if l == 0 else self.q_proj[l](tok)).reshape(B, H, d)
             keys = grow(cache.keys[l], T0 // s**l)
             rows = pos // s**l
             keys[bidx, :, rows] = torch.where(new[:, None, None], k_l, keys[bidx, :, rows])
@@ -391,7 +419,7 @@ class HKTAttention(nn.Module):
             cache.queries[l] = torch.where(new[:, None, None], q_l, cache.queries[l])
 
     def _new_coarse_tokens_aligned(
-        self, x: Tensor, cache: HKTLayerCache, pos: int, T0: int
+        self, x: Tensor, q0: Tensor, k0: Tensor, cache: HKTLayerCache, pos: int, T0: int
     ) -> None:
         """:meth:`_new_coarse_tokens` when every sequence is at the same position ``pos``
         (batch of one, or equal prompt lengths): the same updates without per-row selects."""
@@ -410,9 +438,9 @@ class HKTAttention(nn.Module):
                     return
                 tok = F.gelu(down.norm(_depthwise_last(inputs, down.conv.conv)))  # (B, D)
             keys = grow(cache.keys[l], T0 // s**l)
-            keys[:, :, pos // s**l] = self.k_proj[l](tok).view(B, H, d)
+            keys[:, :, pos // s**l] = (k0 if l == 0 else self.k_proj[l](tok)).reshape(B, H, d)
             cache.keys[l] = keys
-            cache.queries[l] = self.q_proj[l](tok).view(B, H, d)
+            cache.queries[l] = (q0 if l == 0 else self.q_proj[l](tok)).reshape(B, H, d)
 
     def extra_repr(self) -> str:
         c = self.config
