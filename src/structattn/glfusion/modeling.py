@@ -154,18 +154,8 @@ class GLFusionForCausalLM(nn.Module):
         key = str(index)
         slots = ctx["slots"]
         graph: GraphBatch = ctx["graph"]
-        if "after_graph" in ctx:  # decoding text tokens: no node token to pass messages to
-            if key in self.glf_cross_attention:
-                hidden = self.glf_cross_attention[key](
-                    hidden,
-                    graph.node_text,
-                    graph.node_text_mask,
-                    graph.node_batch,
-                    slots,
-                    after_graph=ctx["after_graph"],
-                )
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-        if key in self.glf_message_passing:
+        decoding = "after_graph" in ctx  # new text tokens only: no node token to update
+        if key in self.glf_message_passing and not decoding:
             nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
             nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
             hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
@@ -176,7 +166,8 @@ class GLFusionForCausalLM(nn.Module):
                 graph.node_text_mask,
                 graph.node_batch,
                 slots,
-                ctx["attention_mask"],
+                ctx.get("attention_mask"),
+                after_graph=ctx.get("after_graph"),
             )
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 

@@ -336,6 +336,26 @@ class Engine:
 
     # ------------------------------------------------------------------ run directory
 
+    @classmethod
+    def for_experiment(
+        cls, cfg: Any, run_dir: Path, name: str, progress: bool = True, **kwargs: Any
+    ) -> Engine:
+        """The engine of an experiment config holding ``optim``, ``train``, ``seed`` and
+        ``resume`` (written to ``config.yaml`` as a plain dict)."""
+        from .config import config_to_dict
+
+        return cls(
+            run_dir=run_dir,
+            optim=cfg.optim,
+            train=cfg.train,
+            seed=cfg.seed,
+            config=config_to_dict(cfg),
+            resume=cfg.resume,
+            name=name,
+            progress=progress,
+            **kwargs,
+        )
+
     @property
     def device(self) -> torch.device:
         return self.accelerator.device
@@ -496,8 +516,9 @@ class Engine:
                 for indices in sampler:
                     start = time.perf_counter()
                     model.train()
-                    loss_value, correct, count = self._step(model, train_set, collate, indices,
-                                                            accuracy)
+                    loss_value, correct, count = self._step(
+                        model, train_set, collate, indices, accuracy
+                    )
                     norm = None
                     if oc.grad_clip:
                         norm = acc.clip_grad_norm_(trainable, oc.grad_clip)
@@ -509,8 +530,10 @@ class Engine:
                         optimizer.step()
                     else:
                         skipped += 1
-                        what = f"loss {loss_value}" if not math.isfinite(loss_value) else (
-                            f"gradient norm {float(norm)}"
+                        what = (
+                            f"loss {loss_value}"
+                            if not math.isfinite(loss_value)
+                            else (f"gradient norm {float(norm)}")
                         )
                         if tc.nonfinite == "error" or skipped > tc.max_skipped:
                             raise NonFiniteLossError(

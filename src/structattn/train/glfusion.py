@@ -418,17 +418,8 @@ def train_glfusion(
     ``graph`` (e.g. ``TextAttributedGraph.from_pyg(...)``) replaces ``cfg.dataset``."""
     started = time.perf_counter()
     run_dir = Path(cfg.run_dir)
-    engine = Engine(
-        run_dir=run_dir,
-        optim=cfg.optim,
-        train=cfg.train,
-        seed=cfg.seed,
-        config=config_to_dict(cfg),
-        resume=cfg.resume,
-        name="glfusion",
-        progress=progress,
-        only_trainable=True,
-        resumable=GLFUSION_RESUMABLE,
+    engine = Engine.for_experiment(
+        cfg, run_dir, "glfusion", progress, only_trainable=True, resumable=GLFUSION_RESUMABLE
     )
     graph = graph if graph is not None else load_graph(cfg)
     base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])

@@ -27,7 +27,7 @@ from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import SequenceClassifier, count_parameters
 
 from .checkpoint import latest_checkpoint, load_checkpoint, load_weights
-from .config import ExperimentConfig, config_from_dict, config_to_dict
+from .config import ExperimentConfig, config_from_dict
 from .engine import Engine, json_safe
 
 __all__ = ["build_model", "evaluate", "evaluate_run", "hkt_state", "load_run_config", "train"]
@@ -102,16 +102,7 @@ def train(cfg: ExperimentConfig, data: TaskData | None = None, progress: bool = 
     """Train ``cfg``; returns the final metrics (also written to ``final.json``), or
     ``{"paused_at": step, ...}`` when ``train.stop_at`` paused the run."""
     run_dir = cfg.resolved_run_dir()
-    engine = Engine(
-        run_dir=run_dir,
-        optim=cfg.optim,
-        train=cfg.train,
-        seed=cfg.seed,
-        config=config_to_dict(cfg),
-        resume=cfg.resume,
-        name=cfg.name,
-        progress=progress,
-    )
+    engine = Engine.for_experiment(cfg, run_dir, cfg.name, progress)
     data = data if data is not None else load_task(cfg.data)
     _check_splits(data)
     model = build_model(cfg, data)
@@ -207,4 +198,3 @@ def evaluate_run(run_dir: Path, split: str = "test", data: TaskData | None = Non
             **metrics,
         }
     )
-

@@ -30,7 +30,7 @@ from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import CausalLM, ModelConfig, count_parameters
 
 from .checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, load_weights
-from .config import OptimConfig, TrainConfig, build_dataclass, config_to_dict
+from .config import OptimConfig, TrainConfig, build_dataclass
 from .engine import Engine, json_safe
 
 __all__ = ["LMExperimentConfig", "bits_per_byte", "generate_text", "load_lm", "train_lm"]
@@ -168,17 +168,7 @@ def generate_text(
 def train_lm(cfg: LMExperimentConfig, progress: bool = True) -> dict:
     """Train ``cfg``; write ``final.json``, ``samples.md`` and ``hf/``; return the metrics."""
     run_dir = cfg.resolved_run_dir()
-    engine = Engine(
-        run_dir=run_dir,
-        optim=cfg.optim,
-        train=cfg.train,
-        seed=cfg.seed,
-        config=config_to_dict(cfg),
-        resume=cfg.resume,
-        name=cfg.name,
-        progress=progress,
-        select="neg_loss",
-    )
+    engine = Engine.for_experiment(cfg, run_dir, cfg.name, progress, select="neg_loss")
     corpus = load_corpus(cfg.data)
     model = build_lm(cfg, corpus.vocab_size)
     acc = engine.accelerator
