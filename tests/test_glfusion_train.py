@@ -269,11 +269,15 @@ def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
     g = torch.Generator().manual_seed(0)
     y = torch.arange(n) % K
     order = torch.argsort(y * n + torch.randperm(n, generator=g))  # nodes grouped by class
+    noise = torch.randn(n, 8, generator=g)  # text that says nothing about the class
+    perm = torch.randperm(n, generator=g).tolist()
+    targets = {"train": perm[:120], "val": perm[120:180], "test": perm[180:]}
 
     def make(edges):
         return TextAttributedGraph(
             name="t", node_texts=["x"] * n, labels=y, label_names=list("abcd"),
-            edge_index=edges, splits={}, source="t", stand_in=True,
+            edge_index=edges, splits={"train": torch.tensor(targets["train"])}, source="t",
+            stand_in=True,
         )  # fmt: skip
 
     # homophilous: a ring through each class's nodes
@@ -282,9 +286,6 @@ def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
         members = order[y[order] == c]
         src += members.tolist()
         dst += members.roll(1).tolist()
-    noise = torch.randn(n, 8, generator=g)  # text that says nothing about the class
-    perm = torch.randperm(n, generator=g).tolist()
-    targets = {"train": perm[:120], "val": perm[120:180], "test": perm[180:]}
     homo = run_baselines(make(torch.tensor([src, dst])), list(range(n)), noise, targets, 60, 0)
     # a val node sees a labelled neighbour with probability 3/4 (two ring neighbours, half train)
     assert homo["graphsage+labels"]["val"] > 0.7 and homo["mlp+labels"]["val"] > 0.7

@@ -223,14 +223,15 @@ def run_baselines(
     """MLP and GraphSAGE, full batch on the subgraph induced by ``universe``; each also with
     training labels as input features, the information GL-Fusion's prompts carry:
 
-    * ``graphsage+labels``: node features ``[text, one-hot label]``, the label shown only for
-      training nodes that are not being predicted (zeros otherwise), so GraphSAGE aggregates
-      neighbours' labels;
+    * ``graphsage+labels``: node features ``[text, one-hot label]``, the label shown for nodes
+      of the graph's training split that are not being predicted (zeros otherwise), as
+      GL-Fusion's prompts show training-split neighbours' labels; GraphSAGE aggregates them;
     * ``mlp+labels``: ``[text, mean of the neighbours' shown labels]`` (an MLP sees no graph).
 
-    While training, half of the training nodes (a fresh seeded half per epoch) show their label
-    and the other half are the targets, so no node is ever predicted from its own label; at
-    evaluation every training node shows its label and validation / test nodes never do."""
+    While training, a fresh seeded half of the training targets per epoch are predicted with
+    their labels hidden (every other training-split node shows its label), so no node is ever
+    predicted from its own label; at evaluation every training-split node shows its label and
+    validation / test nodes never do."""
     from torch_geometric.utils import subgraph, to_undirected
 
     local = {v: i for i, v in enumerate(universe)}
@@ -247,8 +248,9 @@ def run_baselines(
     y = graph.labels[nodes]
     K = len(graph.label_names)
     idx = {k: torch.tensor([local[v] for v in vs]) for k, vs in targets.items()}
-    train_mask = torch.zeros(len(nodes), dtype=torch.bool)
-    train_mask[idx["train"]] = True
+    train_mask = torch.zeros(graph.num_nodes, dtype=torch.bool)  # the graph's training split
+    train_mask[graph.splits["train"]] = True
+    train_mask = train_mask[nodes]  # over `universe`; val / test targets are never in it
     one_hot = F.one_hot(y, K).float()
     degree = torch.bincount(edges[1], minlength=len(nodes)).clamp_min(1).float()[:, None]
 
@@ -274,11 +276,11 @@ def run_baselines(
             opt.zero_grad()
             fit_on = idx["train"]
             shown = torch.zeros_like(train_mask)
-            if name.endswith("+labels"):  # half show their label, the other half are targets
+            if name.endswith("+labels"):  # half the targets are predicted, labels hidden
                 order = idx["train"][torch.randperm(len(idx["train"]), generator=g)]
-                half = len(order) // 2
-                shown[order[:half]] = True
-                fit_on = order[half:]
+                fit_on = order[len(order) // 2 :]
+                shown = train_mask.clone()
+                shown[fit_on] = False
             logits = model(features(name, shown), edges)
             F.cross_entropy(logits[fit_on], y[fit_on]).backward()
             opt.step()
