@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .functional import is_right_padded
+
 __all__ = ["HKTLayerCache", "KVLayerCache", "LMCache", "decode_attention", "grow", "prompt_lengths"]
 
 
@@ -61,7 +63,7 @@ def prompt_lengths(mask: Tensor | None, B: int, T: int, device) -> Tensor:
     if mask is None:
         lengths = torch.full((B,), T, dtype=torch.long, device=device)
     else:
-        if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        if not is_right_padded(mask):
             raise ValueError(
                 "a prefill needs right-padded prompts (each row real tokens, then padding)"
             )

@@ -217,7 +217,7 @@ def _attention_reference(q, k, v, lam, stride, causal, key_padding_mask, scale, 
 # ---------------------------------------------------------------------------------------------
 
 
-def _is_right_padded(key_padding_mask: Tensor) -> bool:
+def is_right_padded(key_padding_mask: Tensor) -> bool:
     """True when every row is a block of real tokens followed by padding."""
     return not bool((key_padding_mask[:, 1:] & ~key_padding_mask[:, :-1]).any())
 
@@ -243,7 +243,7 @@ def masked_sdpa(
     attn_mask = None
     is_causal = causal
     if key_padding_mask is not None:
-        if causal and _is_right_padded(key_padding_mask):
+        if causal and is_right_padded(key_padding_mask):
             # Real queries sit before every padded key, so the causal mask already hides the
             # padding from them; padded query rows are discarded by the caller.
             pass

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from .attention import EMPTY, HKTAttention, HKTConfig
 from .cache import KVLayerCache, LMCache, decode_attention, grow, prompt_lengths
-from .functional import masked_sdpa
+from .functional import is_right_padded, masked_sdpa
 
 __all__ = [
     "CausalLM",
@@ -266,10 +266,10 @@ class Encoder(nn.Module):
         if T > self.config.max_len:
             raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
         shift = None
-        if mask is not None and not _right_padded(mask):
+        if mask is not None and not is_right_padded(mask):
             shift = (~mask).long().cumprod(1).sum(1)  # (B,) leading padding per row
             rolled = _roll_rows(mask, shift)
-            if _right_padded(rolled):  # left padding: run the rows left-aligned
+            if is_right_padded(rolled):  # left padding: run the rows left-aligned
                 tokens, mask = _roll_rows(tokens, shift), rolled
             elif cache is not None:
                 raise ValueError("prompt rows must be one block of real tokens (no holes)")
@@ -306,10 +306,6 @@ class Encoder(nn.Module):
 
     def hkt_layers(self) -> list[HKTAttention]:
         return [b.attn for b in self.blocks if isinstance(b.attn, HKTAttention)]
-
-
-def _right_padded(mask: Tensor) -> bool:
-    return not bool((mask[:, 1:] & ~mask[:, :-1]).any())
 
 
 def _roll_rows(x: Tensor, shift: Tensor) -> Tensor:
