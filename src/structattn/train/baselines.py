@@ -32,8 +32,9 @@ def majority(data: TaskData) -> dict[str, float]:
     """Predict the most frequent training label everywhere."""
     label = Counter(data.train.labels.tolist()).most_common(1)[0][0]
     return {
-        split: _accuracy(torch.full_like(getattr(data, split).labels, label),
-                         getattr(data, split).labels)  # fmt: skip
+        split: _accuracy(
+            torch.full_like(getattr(data, split).labels, label), getattr(data, split).labels
+        )  # fmt: skip
         for split in ("val", "test")
     }
 

@@ -158,8 +158,15 @@ class ExperimentConfig:
 SECTIONS = {"data": TaskSpec, "model": ModelConfig, "optim": OptimConfig, "train": TrainConfig}
 
 #: Flat HKT keys of older ``model`` sections, now under ``model.hkt``.
-_LEGACY_HKT_KEYS = ("n_levels", "stride", "hybrid", "downsample_kernel", "conv_kernel",
-                    "beta_init", "impl")
+_LEGACY_HKT_KEYS = (
+    "n_levels",
+    "stride",
+    "hybrid",
+    "downsample_kernel",
+    "conv_kernel",
+    "beta_init",
+    "impl",
+)
 
 
 #: HKTConfig fields that ModelConfig sets from its own.

@@ -26,7 +26,7 @@ from structattn.data import SequenceDataset, TaskData, load_task, pad_collate
 from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import SequenceClassifier, count_parameters
 
-from .checkpoint import latest_checkpoint, load_checkpoint, load_weights
+from .checkpoint import load_run_weights
 from .config import ExperimentConfig, config_from_dict
 from .engine import Engine, json_safe
 
@@ -171,21 +171,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: TaskData | None = Non
     if len(getattr(data, split)) == 0:
         raise RunError(f"the {split} split of {data.name} is empty")
     model = build_model(cfg, data)
-    best = run_dir / "best.safetensors"
-    try:
-        if best.is_file():
-            load_weights(model, best)
-            weights = str(best)
-        else:
-            latest = latest_checkpoint(run_dir / "checkpoints")
-            if latest is None:
-                raise RunError(f"{run_dir} has neither best.safetensors nor a checkpoint")
-            load_checkpoint(latest, model)
-            weights = str(latest)
-    except RunError:
-        raise
-    except Exception as err:  # damaged files: say which
-        raise RunError(f"{run_dir}: cannot load weights ({type(err).__name__}: {err})") from None
+    weights = str(load_run_weights(model, run_dir))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     metrics = evaluate(model.to(device), getattr(data, split), cfg.train.batch_size, device)
     return json_safe(

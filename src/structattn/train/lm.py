@@ -29,7 +29,7 @@ from structattn.data.corpus import EOD, CorpusSpec, decode_ids, encode_text, loa
 from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import CausalLM, ModelConfig, count_parameters
 
-from .checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, load_weights
+from .checkpoint import atomic_write_text, load_run_weights
 from .config import OptimConfig, TrainConfig, build_dataclass
 from .engine import Engine, json_safe
 
@@ -229,16 +229,17 @@ def train_lm(cfg: LMExperimentConfig, progress: bool = True) -> dict:
     return json_safe(final)
 
 
-def load_lm(path: Path) -> CausalLM:
-    """A trained language model from a run directory (its ``hf/`` folder, else its config and
-    best weights or latest checkpoint) or from a ``save_pretrained`` folder."""
+def load_lm(path: Path):
+    """A trained language model as an ``HKTForCausalLM`` (eval mode) from a run directory (its
+    ``hf/`` folder, else its config and best weights or latest checkpoint) or from a
+    ``save_pretrained`` folder; ``model.lm`` is the :class:`CausalLM`."""
     from structattn.hkt.hf import HKTForCausalLM
 
     path = Path(path)
     for folder in (path, path / "hf"):
         if (folder / "config.json").is_file():
             try:
-                return HKTForCausalLM.from_pretrained(folder).lm.eval()
+                return HKTForCausalLM.from_pretrained(folder).eval()
             except Exception as err:  # damaged files: say which
                 msg = f"{folder}: cannot load the model ({type(err).__name__}: {err})"
                 raise RunError(msg) from None
@@ -254,16 +255,5 @@ def load_lm(path: Path) -> CausalLM:
     from structattn.data.corpus import VOCAB_SIZE
 
     model = build_lm(cfg, VOCAB_SIZE)
-    try:
-        if (path / "best.safetensors").is_file():
-            load_weights(model, path / "best.safetensors")
-        else:
-            latest = latest_checkpoint(path / "checkpoints")
-            if latest is None:
-                raise RunError(f"{path} has neither best.safetensors nor a checkpoint")
-            load_checkpoint(latest, model)
-    except RunError:
-        raise
-    except Exception as err:
-        raise RunError(f"{path}: cannot load weights ({type(err).__name__}: {err})") from None
-    return model.eval()
+    load_run_weights(model, path)
+    return HKTForCausalLM.from_causal_lm(model).eval()

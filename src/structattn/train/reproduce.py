@@ -244,8 +244,11 @@ def summarise(
                 "std": std,
                 "step_ms": [r["median_step_ms"] for r in runs],
                 "parameters": runs[0]["parameters"] if runs else None,
-                "plateau": [_plateau(root / f"{task}-{model}" / f"seed{s}") for s in seeds
-                            if (task, model, s) in finals],  # fmt: skip
+                "plateau": [
+                    _plateau(root / f"{task}-{model}" / f"seed{s}")
+                    for s in seeds
+                    if (task, model, s) in finals
+                ],  # fmt: skip
             }
             if runs:
                 row["seq_len"] = runs[0].get("seq_len")
@@ -398,7 +401,8 @@ def task_block(task: str, r: dict[str, Any], results: dict[str, Any]) -> list[st
     sweep = results.get("lr_sweep", {}).get("tasks", {}).get(task)
     if sweep:
         parts = [
-            f"{m}: " + ", ".join(f"{lr} → {100 * v:.2f}" for lr, v in s["val_acc"].items())
+            f"{m}: "
+            + ", ".join(f"{lr} → {100 * v:.2f}" for lr, v in s["val_acc"].items())
             + f" (chosen {s['chosen']})"
             for m, s in sweep.items()
         ]
