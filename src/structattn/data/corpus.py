@@ -26,7 +26,7 @@ from torch import Tensor
 from structattn.errors import ConfigError, DataError
 
 from .base import default_data_dir, split_indices
-from .text import read_aclimdb, read_spam_assassin
+from .text import read_aclimdb, read_spam_assassin, stand_in_folder
 
 __all__ = ["EOD", "VOCAB_SIZE", "ByteCorpus", "CorpusSpec", "decode_ids", "encode_text",
            "load_corpus"]  # fmt: skip
@@ -136,13 +136,7 @@ def load_corpus(spec: CorpusSpec | None = None, **overrides) -> ByteCorpus:
             texts = train_texts + test_texts
             source, stand_in = "IMDB reviews (aclImdb), bytes", False
         else:
-            folder = root / "spam-assassin"
-            if not folder.is_dir():
-                raise FileNotFoundError(
-                    f"no text corpus: neither {imdb} nor {folder}; run `make data` or "
-                    "`structattn data fetch` to fetch the SpamAssassin stand-in"
-                )
-            texts, _, _ = read_spam_assassin(folder)
+            texts, _, _ = read_spam_assassin(stand_in_folder(root))
             texts = [t for t in texts if t.strip()]
             source, stand_in = "SpamAssassin message bodies (stand-in), bytes", True
     if len(texts) < 3:

@@ -33,7 +33,7 @@ from .images import (
     read_cifar10,
     read_idx,
 )
-from .text import encode_bytes, read_aclimdb, read_spam_assassin
+from .text import encode_bytes, read_aclimdb, read_spam_assassin, stand_in_folder
 
 __all__ = ["TASKS", "TaskSpec", "load_task"]
 
@@ -226,13 +226,7 @@ def _text(spec: TaskSpec, root: Path) -> TaskData:
         test = _dataset([encode_bytes(t, T) for t in test_texts], test_y)
         source, stand_in, names = "IMDB (aclImdb), bytes", False, ["negative", "positive"]
     else:
-        folder = root / "spam-assassin"
-        if not folder.is_dir():
-            raise FileNotFoundError(
-                f"no text data: neither {imdb} nor {folder}; run `make data` or "
-                "`structattn data fetch` to fetch the SpamAssassin stand-in"
-            )
-        texts, labels, _ = read_spam_assassin(folder)
+        texts, labels, _ = read_spam_assassin(stand_in_folder(root))
         seqs = [encode_bytes(t, T) for t in texts]
         parts = split_indices(len(seqs), [0.8, 0.1, 0.1], seed=spec.seed)
         labels = np.asarray(labels)

@@ -24,7 +24,14 @@ import numpy as np
 
 from structattn.errors import DataError
 
-__all__ = ["email_body", "encode_bytes", "read_aclimdb", "read_spam_assassin", "SPAM_GROUPS"]
+__all__ = [
+    "email_body",
+    "encode_bytes",
+    "read_aclimdb",
+    "read_spam_assassin",
+    "stand_in_folder",
+    "SPAM_GROUPS",
+]
 
 SPAM_GROUPS = ("easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2")
 _TAG = re.compile(r"<[^>]*>")
@@ -80,6 +87,17 @@ def email_body(raw: str) -> str:
     if plain:
         return "\n".join(plain).strip()
     return html.unescape(_TAG.sub(" ", "\n".join(markup))).strip()
+
+
+def stand_in_folder(data_root: Path) -> Path:
+    """``<data>/spam-assassin``, the text stand-in; a missing folder says how to fetch it."""
+    folder = Path(data_root) / "spam-assassin"
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"no text data: neither {Path(data_root) / 'aclImdb'} nor {folder}; run `make data` "
+            "or `structattn data fetch` to fetch the SpamAssassin stand-in"
+        )
+    return folder
 
 
 def read_spam_assassin(root: str | Path) -> tuple[list[str], list[int], list[str]]:

@@ -189,6 +189,12 @@ def load_graph(cfg: GLFusionTrainConfig) -> TextAttributedGraph:
     return read_ogbn_arxiv(cfg.arxiv_root, cfg.arxiv_titleabs)
 
 
+def encoding_cache(cfg: GLFusionTrainConfig, encoder, tokenizer) -> EncodingCache:
+    """The content-keyed node-text encoding cache in ``<data>/encodings``, shared by runs."""
+    root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
+    return EncodingCache(root / "encodings", encoder, tokenizer, cfg.text_tokens)
+
+
 def _targets(graph: TextAttributedGraph, split: str, n: int, seed: int) -> list[int]:
     idx = graph.splits[split]
     g = torch.Generator().manual_seed(seed + {"train": 0, "val": 1, "test": 2}[split])
@@ -268,7 +274,8 @@ def run_baselines(
         torch.manual_seed(seed)
         g = torch.Generator().manual_seed(seed)
         conv = name.startswith("graphsage")
-        model = _Baseline(features(name, train_mask).shape[1], K, conv)
+        shown_all = features(name, train_mask)  # evaluation features: the same every epoch
+        model = _Baseline(shown_all.shape[1], K, conv)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
         best, best_state = -1.0, None
         for _ in range(epochs):
@@ -286,7 +293,7 @@ def run_baselines(
             opt.step()
             model.eval()
             with torch.no_grad():
-                pred = model(features(name, train_mask), edges).argmax(-1)
+                pred = model(shown_all, edges).argmax(-1)
             val = (pred[idx["val"]] == y[idx["val"]]).float().mean().item()
             if val > best:
                 test = (pred[idx["test"]] == y[idx["test"]]).float().mean().item()
@@ -472,8 +479,7 @@ def train_glfusion(
     all_texts = list(dict.fromkeys(t for exs in examples.values() for ex in exs for t in ex.texts))
     # One content-keyed cache per encoder folder, shared by runs: a text, encoder or length
     # that changed can never be paired with a stale encoding.
-    root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
-    cache = EncodingCache(root / "encodings", enc_model, enc_tok, cfg.text_tokens)
+    cache = encoding_cache(cfg, enc_model, enc_tok)
     cache.get(all_texts, progress=progress)  # encode everything missing, once
 
     def encode(texts):
@@ -639,8 +645,7 @@ def predict_nodes(
                       show_neighbour_labels=cfg.show_neighbour_labels, train_nodes=train_nodes)
         for v in node_ids
     ]  # fmt: skip
-    root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
-    cache = EncodingCache(root / "encodings", enc_model, enc_tok, cfg.text_tokens)
+    cache = encoding_cache(cfg, enc_model, enc_tok)
     probs = head_probabilities(
         model, examples, cache.get, label_token_ids(graph, tokenizer), batch_size
     )
