@@ -110,6 +110,29 @@ def test_decode_several_tokens_per_call_and_one_token_prompts():
     assert cache.get_seq_length() == 20
 
 
+@pytest.mark.parametrize("n_levels,stride", [(3, 2), (4, 2), (3, 3)])
+def test_coarse_scores_are_reused_between_coarse_tokens(n_levels, stride):
+    """A step recomputes level l's scores only where level l got a new query (every s^l
+    tokens); otherwise it reuses the cached ones, and stays exact through capacity growth."""
+    model = make_lm("hkt", n_levels=n_levels, stride=stride, max_len=128)
+    g = torch.Generator().manual_seed(6)
+    text = torch.randint(1, VOCAB, (2, 70), generator=g)  # equal lengths: the aligned path
+    ref = model(text).logits
+    cache = model.new_cache()
+    got = [model(text[:, :5], cache=cache).logits]
+    layer = cache.layers[1]
+    for t in range(5, 70):
+        before = list(layer.scores or [None] * n_levels)
+        got.append(model(text[:, t : t + 1], cache=cache).logits)
+        for l in range(1, n_levels):
+            # (a step that extends the rows, t % s^(L-1) == 0, makes new queries at every level)
+            if t % stride**l and before[l] is not None:
+                assert layer.scores[l] is before[l], (t, l)
+            else:
+                assert layer.scores[l] is not before[l], (t, l)
+    assert torch.allclose(torch.cat(got, 1), ref, atol=1e-10, rtol=0)
+
+
 def test_left_padding_gives_each_row_its_own_outputs():
     """A left-padded row is run left-aligned: its logits are those of the row alone (HKT's block
     boundaries sit at the row's own multiples of s^l)."""
@@ -243,3 +266,15 @@ def test_decoding_follows_parameter_updates_and_dtype_changes():
     assert torch.allclose(decoded(), model(text).logits[:, 6:], atol=1e-10, rtol=0)
     model.float()
     assert torch.allclose(decoded(), model(text).logits[:, 6:], atol=1e-4, rtol=0)
+
+
+def test_a_model_built_under_inference_mode_decodes():
+    """Inference tensors have no version counter; decoding must not need one."""
+    with torch.inference_mode():
+        model = make_lm("hkt", n_levels=2, stride=2)
+        text = torch.randint(1, VOCAB, (1, 9))
+        ref = model(text).logits
+        cache = model.new_cache()
+        got = [model(text[:, :4], cache=cache).logits]
+        got += [model(text[:, t : t + 1], cache=cache).logits for t in range(4, 9)]
+    assert torch.allclose(torch.cat(got, 1), ref, atol=1e-10, rtol=0)

@@ -330,29 +330,49 @@ class HKTAttention(nn.Module):
         # T0 / s^l rows and the coarse-to-fine sum is a reshape (rows past n are masked).
         span = s ** (L - 1)
         T0 = -(-int(n.max()) // span) * span
-        weight, bias, w, beta = self._decode_params(x.dtype)
+        # The concatenated weights are made once per cache (the keys it holds were made with
+        # these parameters too), and every step while a gradient may flow to them.
+        live = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        params = cache.params
+        if live or params is None or params[0].dtype != x.dtype:
+            params = self._decode_params(x.dtype)
+            cache.params = None if live else params
+        weight, bias, coarse, w, beta = params
         q0, k0, v = F.linear(x, weight, bias).split(D, dim=-1)  # level 0's Q, K, V: one GEMM
         values = grow(cache.values, T0)
         if B == 1 or bool((pos == pos[0]).all()):
             p = int(pos[0])
-            self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0)
+            top = self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0, coarse)
             values[:, :, p] = v.view(B, H, d)
+            n_used: Tensor | int = p + 1  # one length: rows past it are sliced off, not masked
         else:
-            self._new_coarse_tokens(x, q0, k0, cache, pos, T0)
+            top = self._new_coarse_tokens(x, q0, k0, cache, pos, T0, coarse)
             values[bidx, :, pos] = v.view(B, H, d)
+            n_used = n
         cache.values = values
 
         # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
         # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j]; lambda and the
-        # scale (w) go on the queries (d numbers each instead of T).
+        # scale (w) go on the queries (d numbers each instead of T). Levels above ``top`` kept
+        # their query and keys since the last step, so their acc_l is the cached one: a step
+        # reads level l's keys once per s^l tokens, not every token.
+        if cache.scores is None:
+            cache.scores = [None] * L
         acc = None
         for l in reversed(range(L)):
+            kept = cache.scores[l]
+            if l > top and kept is not None and kept.shape[-1] == T0 // s**l:
+                acc = kept
+                continue
             q_l = (cache.queries[l] * w[:, l, None])[:, :, None, :]  # (B, H, 1, d)
             s_l = (q_l @ cache.keys[l][:, :, : T0 // s**l].transpose(-1, -2)).squeeze(-2)
             if acc is not None:  # (B, H, T_l) += upsampled (B, H, T_l / s), in place
                 s_l.unflatten(-1, (-1, s)).add_(acc[..., None])
+            if l > 0:
+                cache.scores[l] = s_l
             acc = s_l
-        o = decode_attention(acc, n, cache.values[:, :, :T0], self.attn_drop_p()).reshape(B, D)
+        o = decode_attention(acc, n_used, cache.values[:, :, :T0], self.attn_drop_p())
+        o = o.reshape(B, D)
 
         if cfg.hybrid:
             inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
@@ -362,36 +382,39 @@ class HKTAttention(nn.Module):
         cache.lengths = n
         return self.out_dropout(self.o_proj(o))
 
-    def _decode_params(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
-        """Level 0's Q, K, V weights and biases concatenated, the level weights times the score
-        scale ``(H, L)`` and beta per channel ``(D,)``: built once and reused while the
-        parameters are unchanged (their versions key the cache) and no gradient is wanted."""
+    def _decode_params(
+        self, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor | None, list[tuple[Tensor, Tensor | None]], Tensor, Tensor]:
+        """Level 0's Q, K, V weights and biases concatenated, every coarse level's Q and K
+        weights and biases concatenated, the level weights times the score scale ``(H, L)``
+        and beta per channel ``(D,)``."""
         cfg = self.config
-        linears = [self.q_proj[0], self.k_proj[0], self.v_proj]
-        tensors = [m.weight for m in linears] + [self.level_logits]
-        if cfg.hybrid:
-            tensors.append(self.beta_logits if cfg.learn_beta else self.beta_fixed)
-        if linears[0].bias is not None:
-            tensors += [m.bias for m in linears]
-        key = (dtype, *((id(t), t.data_ptr(), t.device, t._version) for t in tensors))
-        cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        cached = getattr(self, "_decode_params_cache", None)
-        if cacheable and cached is not None and cached[0] == key:
-            return cached[1]
-        weight = torch.cat([m.weight for m in linears]).to(dtype)
-        bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears]).to(dtype)
+
+        def fused(group: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+            weight = torch.cat([m.weight for m in group]).to(dtype)
+            if group[0].bias is None:
+                return weight, None
+            return weight, torch.cat([m.bias for m in group]).to(dtype)
+
+        weight, bias = fused([self.q_proj[0], self.k_proj[0], self.v_proj])
+        coarse = [fused([self.q_proj[l], self.k_proj[l]]) for l in range(1, cfg.n_levels)]
         w = self.level_weights().to(dtype) * (1.0 / math.sqrt(cfg.head_dim))
         beta = self.beta().to(dtype).repeat_interleave(cfg.head_dim)
-        params = (weight, bias, w, beta)
-        if cacheable:
-            self._decode_params_cache = (key, params)
-        return params
+        return weight, bias, coarse, w, beta
 
     def _new_coarse_tokens(
-        self, x: Tensor, q0: Tensor, k0: Tensor, cache: HKTLayerCache, pos: Tensor, T0: int
-    ) -> None:
+        self,
+        x: Tensor,
+        q0: Tensor,
+        k0: Tensor,
+        cache: HKTLayerCache,
+        pos: Tensor,
+        T0: int,
+        coarse: list[tuple[Tensor, Tensor | None]],
+    ) -> int:
         """Queries, keys and windows of every level for tokens at positions ``pos (B,)``:
-        level ``l`` gets a coarse token where ``pos % s^l == 0`` (per sequence)."""
+        level ``l`` gets a coarse token where ``pos % s^l == 0`` (per sequence). Returns the
+        highest level where some sequence got a new query."""
         cfg = self.config
         B, _ = x.shape
         H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
@@ -407,20 +430,31 @@ class HKTAttention(nn.Module):
                 if not bool(new.any()):
                     for m in range(l, L):  # no new coarse token: only make room
                         cache.keys[m] = grow(cache.keys[m], T0 // s**m)
-                    break
+                    return l - 1
                 tok = _depthwise_last(inputs, down.conv.conv)  # (B, D)
                 tok = F.gelu(down.norm(tok))
-            k_l = (k0 if l == 0 else self.k_proj[l](tok)).reshape(B, H, d)
-            q_l = (q0 if l == 0 else self.q_proj[l](tok)).reshape(B, H, d)
+            if l > 0:
+                q_l, k_l = F.linear(tok, *coarse[l - 1]).chunk(2, dim=-1)
+            else:
+                q_l, k_l = q0, k0
+            q_l, k_l = q_l.reshape(B, H, d), k_l.reshape(B, H, d)
             keys = grow(cache.keys[l], T0 // s**l)
             rows = pos // s**l
             keys[bidx, :, rows] = torch.where(new[:, None, None], k_l, keys[bidx, :, rows])
             cache.keys[l] = keys
             cache.queries[l] = torch.where(new[:, None, None], q_l, cache.queries[l])
+        return L - 1
 
     def _new_coarse_tokens_aligned(
-        self, x: Tensor, q0: Tensor, k0: Tensor, cache: HKTLayerCache, pos: int, T0: int
-    ) -> None:
+        self,
+        x: Tensor,
+        q0: Tensor,
+        k0: Tensor,
+        cache: HKTLayerCache,
+        pos: int,
+        T0: int,
+        coarse: list[tuple[Tensor, Tensor | None]],
+    ) -> int:
         """:meth:`_new_coarse_tokens` when every sequence is at the same position ``pos``
         (batch of one, or equal prompt lengths): the same updates without per-row selects."""
         cfg = self.config
@@ -435,12 +469,14 @@ class HKTAttention(nn.Module):
                 if pos % s**l:  # no new coarse token from here up: only make room
                     for m in range(l, L):
                         cache.keys[m] = grow(cache.keys[m], T0 // s**m)
-                    return
+                    return l - 1
                 tok = F.gelu(down.norm(_depthwise_last(inputs, down.conv.conv)))  # (B, D)
+            q_l, k_l = (q0, k0) if l == 0 else F.linear(tok, *coarse[l - 1]).chunk(2, dim=-1)
             keys = grow(cache.keys[l], T0 // s**l)
-            keys[:, :, pos // s**l] = (k0 if l == 0 else self.k_proj[l](tok)).reshape(B, H, d)
+            keys[:, :, pos // s**l] = k_l.reshape(B, H, d)
             cache.keys[l] = keys
-            cache.queries[l] = (q0 if l == 0 else self.q_proj[l](tok)).reshape(B, H, d)
+            cache.queries[l] = q_l.reshape(B, H, d)
+        return L - 1
 
     def extra_repr(self) -> str:
         c = self.config

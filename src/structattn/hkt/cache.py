@@ -9,6 +9,9 @@ HKT is causal by construction: the coarse token ``c`` of level ``l`` reads fine 
   convolution that makes the next level (its zero left padding at the start);
 * the values at full resolution, ``(B, H, n, d)``, and the last ``k - 1`` value vectors of the
   hybrid head's causal convolution;
+* for every level ``l >= 1``, the scores of the current block queries against that level's
+  keys, summed over levels ``l .. L-1`` (``(B, H, T0 / s^l)``): they change only when the
+  level's query does (every ``s^l`` tokens), so a step recomputes level 0 and reuses the rest;
 * ``lengths (B,)``: real tokens seen per sequence. Sequences are stored left-aligned (token
   ``i`` of a sequence at row ``i``), whatever padding the prompt batch had, so every sequence
   keeps its own block boundaries at multiples of ``s^l``.
@@ -44,14 +47,21 @@ def grow(buf: Tensor, needed: int, dim: int = 2) -> Tensor:
     return torch.cat([buf, buf.new_zeros(shape)], dim=dim)
 
 
-def decode_attention(scores: Tensor, n: Tensor, values: Tensor, dropout_p: float = 0.0) -> Tensor:
+def decode_attention(
+    scores: Tensor, n: Tensor | int, values: Tensor, dropout_p: float = 0.0
+) -> Tensor:
     """One query per sequence over its cached keys: ``scores (B, H, T)`` (already scaled),
-    ``n (B,)`` keys in use per sequence (later rows are masked), ``values (B, H, T, d)``;
-    returns ``(B, H, d)``. Shared by the HKT and multi-head-attention caches, so that decoding
-    speed compares the attention, not the kernels."""
-    T = scores.shape[-1]
-    future = torch.arange(T, device=scores.device)[None, :] >= n[:, None]  # (B, T)
-    probs = torch.softmax(scores.masked_fill(future[:, None], float("-inf")), dim=-1)
+    ``n`` keys in use per sequence, ``(B,)`` (later rows are masked) or one int for every
+    sequence (later rows are sliced off), ``values (B, H, T, d)``; returns ``(B, H, d)``.
+    Shared by the HKT and multi-head-attention caches, so that decoding speed compares the
+    attention, not the kernels."""
+    if isinstance(n, int):
+        probs = torch.softmax(scores[..., :n], dim=-1)
+        values = values[:, :, :n]
+    else:
+        T = scores.shape[-1]
+        future = torch.arange(T, device=scores.device)[None, :] >= n[:, None]  # (B, T)
+        probs = torch.softmax(scores.masked_fill(future[:, None], float("-inf")), dim=-1)
     if dropout_p > 0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p)
     return (probs[:, :, None, :] @ values).squeeze(-2)
@@ -108,6 +118,11 @@ class HKTLayerCache:
     values: Tensor  # (B, H, capacity, d)
     conv_window: Tensor | None  # (B, k_conv - 1, D) hybrid head's conv inputs (None: no hybrid)
     lengths: Tensor  # (B,) long
+    # per level: scores of levels l .. L-1 summed, (B, H, T0 / s^l); None = to recompute
+    # (level 0 always is; filled by the first decoding step)
+    scores: list[Tensor | None] | None = None
+    # the layer's concatenated decoding weights, made from its parameters at the first step
+    params: tuple | None = None
 
     def tensors(self) -> Iterator[Tensor]:
         yield from self.keys
@@ -116,6 +131,7 @@ class HKTLayerCache:
         yield self.values
         if self.conv_window is not None:
             yield self.conv_window
+        yield from (t for t in self.scores or () if t is not None)
 
     def select(self, index: Tensor) -> None:
         pick = lambda t: t.index_select(0, index)  # noqa: E731
@@ -125,6 +141,8 @@ class HKTLayerCache:
         self.values = pick(self.values)
         if self.conv_window is not None:
             self.conv_window = pick(self.conv_window)
+        if self.scores is not None:
+            self.scores = [None if t is None else pick(t) for t in self.scores]
         self.lengths = pick(self.lengths)
 
     def used_bytes(self, stride: int) -> int:
@@ -139,6 +157,7 @@ class HKTLayerCache:
         total += sum(t.numel() * t.element_size() for t in self.windows)
         if self.conv_window is not None:
             total += self.conv_window.numel() * self.conv_window.element_size()
+        total += sum(t.numel() * t.element_size() for t in self.scores or () if t is not None)
         return total
 
 

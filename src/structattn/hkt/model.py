@@ -162,13 +162,20 @@ class MultiHeadAttention(nn.Module):
             )  # (B, H, 1, d)
             pos = cache.lengths
             n = pos + 1
-            cache.keys = grow(cache.keys, int(n.max()))
-            cache.values = grow(cache.values, int(n.max()))
-            cache.keys[bidx, :, pos] = k[:, :, 0]
-            cache.values[bidx, :, pos] = v[:, :, 0]
             n_max = int(n.max())
-            scores = (q @ cache.keys[:, :, :n_max].transpose(-1, -2)).squeeze(-2) * self.scale
-            o = decode_attention(scores, n, cache.values[:, :, :n_max])  # (B, H, d)
+            cache.keys = grow(cache.keys, n_max)
+            cache.values = grow(cache.values, n_max)
+            if B == 1 or bool((n == n_max).all()):  # one length (as HKT's step): no mask
+                cache.keys[:, :, n_max - 1] = k[:, :, 0]
+                cache.values[:, :, n_max - 1] = v[:, :, 0]
+                n_used: Tensor | int = n_max
+            else:
+                cache.keys[bidx, :, pos] = k[:, :, 0]
+                cache.values[bidx, :, pos] = v[:, :, 0]
+                n_used = n
+            q = q * self.scale  # the scale on d numbers, not on n_max scores
+            scores = (q @ cache.keys[:, :, :n_max].transpose(-1, -2)).squeeze(-2)
+            o = decode_attention(scores, n_used, cache.values[:, :, :n_max])  # (B, H, d)
             cache.lengths = n
             outs.append(self.o_proj(o.reshape(B, D)))
         return torch.stack(outs, dim=1) if outs else x.new_zeros(x.shape)
