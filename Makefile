@@ -38,7 +38,7 @@ bench-quick: $(STAMP)  ## the attention benchmark on a small grid (about 2 minut
 
 bench-decode: $(STAMP)  ## streaming decoding, HKT vs MHA with a KV cache, T = 1k/4k/16k (about 5 min)
 	mkdir -p results/bench
-	$(PY) benchmarks/decode.py --threads 1 --json results/bench/decode.json
+	$(PY) benchmarks/decode.py --threads 1 --repeats 5 --new-tokens 64 --json results/bench/decode.json
 
 bench-layer: $(STAMP)  ## the HKT layer and a ListOps training step against MHA, with profiles (about 4 min)
 	$(PY) benchmarks/attention.py --sections layer step --layer-seq-lens 1024 4096
