@@ -336,6 +336,11 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
 
 
 def test_glfusion_ablations_one_table(tmp_path):
+    import shutil
+
+    import pytest
+
+    from structattn.errors import RunError
     from structattn.train.glfusion import ablate_glfusion
 
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
@@ -363,3 +368,26 @@ def test_glfusion_ablations_one_table(tmp_path):
     assert saved["message_passing_layers"] == []
     again = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models, **tiny)
     assert len(calls) == 8 and again["table"] == out["table"]  # finished runs are kept
+    # every ablation against the full model, paired by seed, with its own row
+    diffs = out["ablation_minus_full"]
+    assert set(diffs) == set(variants)
+    for v in variants:
+        ens = [runs[v][str(s)]["heads"]["test"]["ensemble"] * 100 for s in (0, 1)]
+        ref = [runs["full"][str(s)]["heads"]["test"]["ensemble"] * 100 for s in (0, 1)]
+        assert diffs[v]["mean"] == pytest.approx(sum(a - b for a, b in zip(ens, ref)) / 2)
+        assert f"GL-Fusion {v} − full (ensemble)" in table
+
+    # summary only: trains nothing, tables what finished, says which seeds each row has
+    shutil.rmtree(tmp_path / "abl/recipe/gnn-head-only")
+    (tmp_path / "abl/recipe/lm-head-only/seed1/results.json").unlink()
+    part = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models,
+                           train_missing=False, **tiny)  # fmt: skip
+    assert len(calls) == 8
+    assert "| GL-Fusion gnn-head-only | none finished |" in part["table"]
+    assert "| GL-Fusion lm-head-only | 0 |" in part["table"]
+    assert "one seed: no interval" in part["table"]
+    assert "gnn-head-only" not in part["ablation_minus_full"]
+    shutil.rmtree(tmp_path / "abl/recipe/full")
+    with pytest.raises(RunError, match="full model"):
+        ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models,
+                        train_missing=False, **tiny)  # fmt: skip

@@ -360,9 +360,12 @@ def glfusion_main(argv: list[str]) -> None:
                          choices=list(GLFUSION_ABLATIONS))  # fmt: skip
         pre.add_argument("--out-dir", default="results/glfusion")
         pre.add_argument("--no-progress", action="store_true")
+        pre.add_argument("--summary-only", action="store_true",
+                         help="train nothing: table the finished runs")  # fmt: skip
         args = pre.parse_args(argv[1:])
         out = ablate_glfusion(args.preset, tuple(args.seeds), args.out_dir, tuple(args.variants),
-                              progress=not args.no_progress)  # fmt: skip
+                              progress=not args.no_progress,
+                              train_missing=not args.summary_only)  # fmt: skip
         print(out["table"])
         return
     if not argv or argv[0] != "train":

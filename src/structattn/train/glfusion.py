@@ -692,12 +692,15 @@ def ablate_glfusion(
     progress: bool = True,
     models=None,
     config: str | Path = "glfusion",
+    train_missing: bool = True,
     **overrides,
 ) -> dict[str, Any]:
     """Train every variant for every seed on one preset (finished runs are kept, interrupted
     ones resumed) and write one table: GL-Fusion's heads per variant beside the four baselines,
-    mean ± std over seeds, and the paired difference between the full model's ensemble and the
-    better label-aware baseline. ``models()`` may return fresh ``(llm, encoder)`` pairs
+    mean ± std over seeds, the paired difference between the full model's ensemble and the
+    better label-aware baseline, and each ablation's paired difference from the full model.
+    ``train_missing=False`` trains nothing and tables the finished runs only (a partial table says
+    how many seeds each row has). ``models()`` may return fresh ``(llm, encoder)`` pairs
     (tests); otherwise they load offline per run."""
     from .stats import mean_std, paired_difference
 
@@ -715,6 +718,8 @@ def ablate_glfusion(
             if done.is_file():
                 runs.setdefault(variant, {})[seed] = json.loads(done.read_text())
                 continue
+            if not train_missing:
+                continue
             resume = (run_dir / "checkpoints").is_dir()
             changes = {**overrides, **GLFUSION_ABLATIONS[variant], "seed": seed,
                        "run_dir": run_dir, "resume": resume}  # fmt: skip
@@ -726,7 +731,9 @@ def ablate_glfusion(
             if "paused_at" in result:
                 raise RunError(f"{run_dir} paused at step {result['paused_at']}; run again")
             runs.setdefault(variant, {})[seed] = result
-    full = runs["full"]
+    full = runs.get("full", {})
+    if not full:
+        raise RunError(f"no finished run of the full model under {root}; train it first")
     ordered = sorted(full)
 
     def cell(values):
@@ -739,21 +746,25 @@ def ablate_glfusion(
         f"GL-Fusion ablations, preset `{preset}`, seeds {ordered}: test accuracy (%) mean ± std. "
         f"Data: {data}; LLM {first['llm']}; targets {first['targets']}.",
         "",
-        "| model | ensemble | GNN head | LM head | ensemble weight |",
-        "|---|---:|---:|---:|---|",
+        "| model | seeds | ensemble | GNN head | LM head | ensemble weight |",
+        "|---|---|---:|---:|---:|---|",
     ]
     for variant in variants:
-        rs = [runs[variant][s] for s in sorted(runs[variant])]
+        if not runs.get(variant):
+            lines.append(f"| GL-Fusion {variant} | none finished | - | - | - | - |")
+            continue
+        done = sorted(runs[variant])
+        rs = [runs[variant][s] for s in done]
         heads = {h: cell([r["heads"]["test"][h] for r in rs]) for h in ("ensemble", "gnn", "lm")}
         weights = sorted({r["ensemble_weight"] for r in rs})
         lines.append(
-            f"| GL-Fusion {variant} | {heads['ensemble']} | {heads['gnn']} | {heads['lm']} | "
-            f"{', '.join(f'{w:g}' for w in weights)} |"
+            f"| GL-Fusion {variant} | {', '.join(map(str, done))} | {heads['ensemble']} | "
+            f"{heads['gnn']} | {heads['lm']} | {', '.join(f'{w:g}' for w in weights)} |"
         )
     for key, name in BASELINE_NAMES.items():
         vals = [full[s]["baselines"][key]["test"] for s in ordered if key in full[s]["baselines"]]
         if vals:
-            lines.append(f"| {name} | {cell(vals)} | - | - | - |")
+            lines.append(f"| {name} | {', '.join(map(str, ordered))} | {cell(vals)} | - | - | - |")
     best_key = max(
         ("mlp+labels", "graphsage+labels"),
         key=lambda k: sum(full[s]["baselines"][k]["val"] for s in ordered),
@@ -772,6 +783,28 @@ def ablate_glfusion(
         f"| GL-Fusion full ensemble − {BASELINE_NAMES[best_key]} | {diff['mean']:+.2f} | "
         f"[{diff['ci_low']:+.2f}, {diff['ci_high']:+.2f}] | {verdict} |",
     ]
+    # Does each path earn its place? The ablation's ensemble against the full model's, paired
+    # by seed (a head-only variant's ensemble is that head).
+    ablation_diffs = {}
+    for variant in variants:
+        common = sorted(set(runs.get(variant, {})) & set(full)) if variant != "full" else []
+        if not common:
+            continue
+        d = paired_difference(
+            [runs[variant][s]["heads"]["test"]["ensemble"] * 100 for s in common],
+            [full[s]["heads"]["test"]["ensemble"] * 100 for s in common],
+        )
+        d["seeds"] = common
+        ablation_diffs[variant] = d
+        word = {"a better": "the ablation is better", "b better": "costs accuracy"}.get(
+            d["verdict"], "inconclusive"
+        )
+        if len(common) < 2:
+            word += " (one seed: no interval)"
+        lines.append(
+            f"| GL-Fusion {variant} − full (ensemble) | {d['mean']:+.2f} | "
+            f"[{d['ci_low']:+.2f}, {d['ci_high']:+.2f}] | {word} |"
+        )
     table = "\n".join(lines)
     summary = {
         "preset": preset,
@@ -780,6 +813,7 @@ def ablate_glfusion(
         "runs": {v: {str(s): r for s, r in rs.items()} for v, rs in runs.items()},
         "best_label_baseline": best_key,
         "full_minus_best_label_baseline": diff,
+        "ablation_minus_full": ablation_diffs,
     }
     root.mkdir(parents=True, exist_ok=True)
     (root / "ablations.md").write_text(table + "\n")
