@@ -217,6 +217,7 @@ class GLFusionForCausalLM(nn.Module):
         blocks: Tensor | None = None,
         label_choices: list[list[int]] | None = None,
         classes: Tensor | None = None,
+        logits_to_keep: Tensor | None = None,
     ) -> GLFusionOutput:
         """``labels (B, S)`` next-token targets (-100 ignored, shifted inside like HF);
         ``node_labels (M,)`` GNN targets (-100 ignored); ``cache`` (a transformers
@@ -229,7 +230,11 @@ class GLFusionForCausalLM(nn.Module):
 
         ``label_choices`` (token ids of every label name) with ``classes (B,)``: the LM loss is
         the cross-entropy over the label names' scores (:meth:`score_labels`, one pass, with
-        gradients) instead of over the whole vocabulary; ``input_ids`` then end at the prompt."""
+        gradients) instead of over the whole vocabulary; ``input_ids`` then end at the prompt, and
+        ``logits`` are only the rows that predict the label names' tokens, ``(B, n, vocab)``.
+
+        ``logits_to_keep (B, k)`` long (with ``blocks``): compute the vocabulary logits of those
+        positions only (transformers' option), ``logits (B, k, vocab)``."""
         if label_choices is not None:
             if classes is None or labels is not None or blocks is not None:
                 raise ValueError("label_choices needs classes (and no labels or blocks)")
@@ -247,6 +252,9 @@ class GLFusionForCausalLM(nn.Module):
                 lm_loss=lm_loss,
                 gnn_loss=gnn_loss,
             )
+        keep = {} if logits_to_keep is None else {"logits_to_keep": logits_to_keep}
+        if logits_to_keep is not None and blocks is None:
+            raise ValueError("logits_to_keep is for the scoring pass (with blocks)")
         if blocks is not None and graph is None:
             if bool((input_ids == self.config.node_id).any()):
                 raise ValueError("input_ids hold <node> tokens but no graph was given")
@@ -260,6 +268,7 @@ class GLFusionForCausalLM(nn.Module):
                     node_position_ids(node_mask, attention_mask), blocks
                 ),
                 use_cache=False,
+                **keep,
             )
             lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
             return GLFusionOutput(logits=out.logits, loss=lm_loss, lm_loss=lm_loss)
@@ -294,6 +303,7 @@ class GLFusionForCausalLM(nn.Module):
                 glf_ctx=ctx,
                 use_cache=cache is not None,
                 **({"cache": cache} if cache is not None else {}),
+                **keep,
             )
             final = ctx["final_hidden"]
         finally:
@@ -505,9 +515,6 @@ class GLFusionForCausalLM(nn.Module):
         ids = torch.cat([input_ids, flat.expand(B, n)], 1)
         full_mask = torch.cat([mask, torch.ones(B, n, dtype=mask.dtype, device=dev)], 1)
         blocks = torch.cat([torch.zeros(B, S, dtype=torch.long, device=dev), block.expand(B, n)], 1)
-        out = self(ids, full_mask, graph, blocks=blocks)
-        dtype = torch.promote_types(out.logits.dtype, torch.float32)
-        logp = out.logits.to(dtype).log_softmax(-1)  # (B, S + n, vocab)
         last = S - 1 - real.flip(-1).long().argmax(-1)  # (B,) the prompt's last real token
         # the token at column S + j is predicted by the column before it, or for a label's
         # first token by the prompt's last real token
@@ -515,8 +522,11 @@ class GLFusionForCausalLM(nn.Module):
         first[1:] = block[1:] != block[:-1]
         cols = S + torch.arange(n, device=dev) - 1
         pred = torch.where(first[None, :], last[:, None], cols[None, :])  # (B, n)
-        token_logp = logp.gather(1, pred[..., None].expand(B, n, logp.shape[-1]))
-        token_logp = token_logp.gather(2, flat.expand(B, n)[..., None])[..., 0]  # (B, n)
+        # vocabulary logits of the predicting positions only: (B, n, vocab), not (B, S + n, vocab)
+        out = self(ids, full_mask, graph, blocks=blocks, logits_to_keep=pred)
+        dtype = torch.promote_types(out.logits.dtype, torch.float32)
+        logp = out.logits.to(dtype).log_softmax(-1)  # (B, n, vocab)
+        token_logp = logp.gather(2, flat.expand(B, n)[..., None])[..., 0]  # (B, n)
         scores = torch.zeros(B, len(label_ids), dtype=dtype, device=dev)
         scores.index_add_(1, block - 1, token_logp)
         return scores, out
