@@ -253,6 +253,16 @@ def test_reproduce_table_and_skip(data_dir, tmp_path):
         assert row[key] == pytest.approx(expected) and row[key] > 0
     for png in ("val_accuracy.png", "hkt_levels_beta.png"):
         assert (out / "quick" / png).stat().st_size > 0
+    # a call that trained no MHA (e.g. HKT's ablations only) shows "-", not nan
+    import copy
+
+    from structattn.train.reproduce import results_table
+
+    no_mha = copy.deepcopy(results)
+    no_mha["tasks"]["listops"]["mha"].update(test_acc=[], mean=float("nan"), std=float("nan"))
+    no_mha["tasks"]["listops"]["diff_pp"] = float("nan")
+    summary_row = results_table(no_mha).splitlines()[4]
+    assert "nan" not in summary_row and "| - | - |" in summary_row
     final = out / "quick" / "listops-hkt" / "seed0" / "final.json"
     before = final.stat().st_mtime_ns
     reproduce(

@@ -313,9 +313,13 @@ def results_table(results: dict[str, Any]) -> str:
             if h["parameters"] and m["parameters"]
             else "-"
         )
+
+        def acc(x: dict[str, Any]) -> str:  # "-" for a model not trained in this call
+            return f"{x['mean']:.2f} ± {x['std']:.2f}" if x["test_acc"] else "-"
+
+        diff = f"{r['diff_pp']:+.2f}" if h["test_acc"] and m["test_acc"] else "-"
         lines.append(
-            f"| {task} | {data} | {r.get('seq_len') or '-'} | {h['mean']:.2f} ± {h['std']:.2f} "
-            f"| {m['mean']:.2f} ± {m['std']:.2f} | {r['diff_pp']:+.2f} "
+            f"| {task} | {data} | {r.get('seq_len') or '-'} | {acc(h)} | {acc(m)} | {diff} "
             f"| {p['hkt'][0]:.2f} ± {p['hkt'][1]:.2f} "
             f"| {p['mha'][0]:.2f} ± {p['mha'][1]:.2f} | {p['hkt'][0] - p['mha'][0]:+.2f} "
             f"| {ratio} | {params} | {_num(r.get('kappa'))} | {_num(r.get('reciprocity'))} |"
