@@ -324,12 +324,12 @@ class HKTAttention(nn.Module):
         B, D = x.shape
         H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
         pos = cache.lengths  # (B,) index of the new token
-        bidx = torch.arange(B, device=x.device)
         n = pos + 1
+        n_max = int(n.max())
         # Read keys 0 .. T0 - 1 with T0 a multiple of s^(L-1): every level then holds exactly
         # T0 / s^l rows and the coarse-to-fine sum is a reshape (rows past n are masked).
         span = s ** (L - 1)
-        T0 = -(-int(n.max()) // span) * span
+        T0 = -(-n_max // span) * span
         # The concatenated weights are made once per cache (the keys it holds were made with
         # these parameters too), and every step while a gradient may flow to them.
         live = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
@@ -340,14 +340,14 @@ class HKTAttention(nn.Module):
         weight, bias, coarse, w, beta = params
         q0, k0, v = F.linear(x, weight, bias).split(D, dim=-1)  # level 0's Q, K, V: one GEMM
         values = grow(cache.values, T0)
-        if B == 1 or bool((pos == pos[0]).all()):
-            p = int(pos[0])
+        if B == 1 or bool((n == n_max).all()):
+            p = n_max - 1
             top = self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0, coarse)
             values[:, :, p] = v.view(B, H, d)
-            n_used: Tensor | int = p + 1  # one length: rows past it are sliced off, not masked
+            n_used: Tensor | int = n_max  # one length: rows past it are sliced off, not masked
         else:
             top = self._new_coarse_tokens(x, q0, k0, cache, pos, T0, coarse)
-            values[bidx, :, pos] = v.view(B, H, d)
+            values[torch.arange(B, device=x.device), :, pos] = v.view(B, H, d)
             n_used = n
         cache.values = values
 
