@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import HKTLayerCache, decode_attention, grow, prompt_lengths
+from .cache import HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import ATTENTION_IMPLS, hkt_attention
 
@@ -302,6 +302,7 @@ class HKTAttention(nn.Module):
             values=self._heads(v_flat).clone(),
             conv_window=conv_window,
             lengths=lengths.clone(),
+            scores=[None] * cfg.n_levels,
         )
 
     def _decode(self, x: Tensor, cache: HKTLayerCache) -> Tensor:
@@ -340,7 +341,7 @@ class HKTAttention(nn.Module):
         weight, bias, coarse, w, beta = params
         q0, k0, v = F.linear(x, weight, bias).split(D, dim=-1)  # level 0's Q, K, V: one GEMM
         values = grow(cache.values, T0)
-        if B == 1 or bool((n == n_max).all()):
+        if one_length(n, n_max):
             p = n_max - 1
             top = self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0, coarse)
             values[:, :, p] = v.view(B, H, d)
@@ -356,8 +357,6 @@ class HKTAttention(nn.Module):
         # scale (w) go on the queries (d numbers each instead of T). Levels above ``top`` kept
         # their query and keys since the last step, so their acc_l is the cached one: a step
         # reads level l's keys once per s^l tokens, not every token.
-        if cache.scores is None:
-            cache.scores = [None] * L
         acc = None
         for l in reversed(range(L)):
             kept = cache.scores[l]

@@ -25,7 +25,6 @@ Shapes: ``B`` batch, ``H`` heads, ``d`` head dim, ``D = H d`` model width, ``n``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +32,15 @@ from torch import Tensor
 
 from .functional import is_right_padded
 
-__all__ = ["HKTLayerCache", "KVLayerCache", "LMCache", "decode_attention", "grow", "prompt_lengths"]
+__all__ = [
+    "HKTLayerCache",
+    "KVLayerCache",
+    "LMCache",
+    "decode_attention",
+    "grow",
+    "one_length",
+    "prompt_lengths",
+]
 
 
 def grow(buf: Tensor, needed: int, dim: int = 2) -> Tensor:
@@ -67,6 +74,12 @@ def decode_attention(
     return (probs[:, :, None, :] @ values).squeeze(-2)
 
 
+def one_length(n: Tensor, n_max: int) -> bool:
+    """Whether every sequence holds ``n_max`` tokens (batch of one, or equal lengths): the
+    decoding steps then write one row and slice instead of masking."""
+    return n.shape[0] == 1 or bool((n == n_max).all())
+
+
 def prompt_lengths(mask: Tensor | None, B: int, T: int, device) -> Tensor:
     """Real tokens per row of a right-padded prompt, ``(B,)``; refuses empty rows and padding
     that is not on the right."""
@@ -92,9 +105,6 @@ class KVLayerCache:
     values: Tensor
     lengths: Tensor  # (B,) long
 
-    def tensors(self) -> Iterator[Tensor]:
-        yield from (self.keys, self.values)
-
     def select(self, index: Tensor) -> None:
         self.keys = self.keys.index_select(0, index)
         self.values = self.values.index_select(0, index)
@@ -119,19 +129,10 @@ class HKTLayerCache:
     conv_window: Tensor | None  # (B, k_conv - 1, D) hybrid head's conv inputs (None: no hybrid)
     lengths: Tensor  # (B,) long
     # per level: scores of levels l .. L-1 summed, (B, H, T0 / s^l); None = to recompute
-    # (level 0 always is; filled by the first decoding step)
-    scores: list[Tensor | None] | None = None
+    # (level 0 always is; filled by the decoding steps)
+    scores: list[Tensor | None]
     # the layer's concatenated decoding weights, made from its parameters at the first step
     params: tuple | None = None
-
-    def tensors(self) -> Iterator[Tensor]:
-        yield from self.keys
-        yield from self.queries
-        yield from self.windows
-        yield self.values
-        if self.conv_window is not None:
-            yield self.conv_window
-        yield from (t for t in self.scores or () if t is not None)
 
     def select(self, index: Tensor) -> None:
         pick = lambda t: t.index_select(0, index)  # noqa: E731
@@ -141,8 +142,7 @@ class HKTLayerCache:
         self.values = pick(self.values)
         if self.conv_window is not None:
             self.conv_window = pick(self.conv_window)
-        if self.scores is not None:
-            self.scores = [None if t is None else pick(t) for t in self.scores]
+        self.scores = [None if t is None else pick(t) for t in self.scores]
         self.lengths = pick(self.lengths)
 
     def used_bytes(self, stride: int) -> int:
@@ -157,7 +157,7 @@ class HKTLayerCache:
         total += sum(t.numel() * t.element_size() for t in self.windows)
         if self.conv_window is not None:
             total += self.conv_window.numel() * self.conv_window.element_size()
-        total += sum(t.numel() * t.element_size() for t in self.scores or () if t is not None)
+        total += sum(t.numel() * t.element_size() for t in self.scores if t is not None)
         return total
 
 

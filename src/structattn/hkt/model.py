@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import EMPTY, HKTAttention, HKTConfig
-from .cache import KVLayerCache, LMCache, decode_attention, grow, prompt_lengths
+from .cache import KVLayerCache, LMCache, decode_attention, grow, one_length, prompt_lengths
 from .functional import is_right_padded, masked_sdpa
 
 __all__ = [
@@ -154,7 +154,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"the cache holds {cache.lengths.shape[0]} sequences, got a batch of {B}"
             )
-        bidx = torch.arange(B, device=x.device)
         outs = []
         for t in range(T):
             q, k, v = (
@@ -165,11 +164,12 @@ class MultiHeadAttention(nn.Module):
             n_max = int(n.max())
             cache.keys = grow(cache.keys, n_max)
             cache.values = grow(cache.values, n_max)
-            if B == 1 or bool((n == n_max).all()):  # one length (as HKT's step): no mask
+            if one_length(n, n_max):  # one length (as HKT's step): no mask
                 cache.keys[:, :, n_max - 1] = k[:, :, 0]
                 cache.values[:, :, n_max - 1] = v[:, :, 0]
                 n_used: Tensor | int = n_max
             else:
+                bidx = torch.arange(B, device=x.device)
                 cache.keys[bidx, :, pos] = k[:, :, 0]
                 cache.values[bidx, :, pos] = v[:, :, 0]
                 n_used = n

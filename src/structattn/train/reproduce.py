@@ -291,6 +291,11 @@ def _clearly_above(accs: Sequence[float], level: float) -> bool:
     return bool(d["ci_low"] > 0)
 
 
+def _acc_cell(x: dict[str, Any]) -> str:
+    """Mean ± std of a model's test accuracy, "-" for a model not trained in this call."""
+    return f"{x['mean']:.2f} ± {x['std']:.2f}" if x["test_acc"] else "-"
+
+
 def results_table(results: dict[str, Any]) -> str:
     """The markdown comparison table."""
     lines = [
@@ -314,12 +319,10 @@ def results_table(results: dict[str, Any]) -> str:
             else "-"
         )
 
-        def acc(x: dict[str, Any]) -> str:  # "-" for a model not trained in this call
-            return f"{x['mean']:.2f} ± {x['std']:.2f}" if x["test_acc"] else "-"
-
         diff = f"{r['diff_pp']:+.2f}" if h["test_acc"] and m["test_acc"] else "-"
         lines.append(
-            f"| {task} | {data} | {r.get('seq_len') or '-'} | {acc(h)} | {acc(m)} | {diff} "
+            f"| {task} | {data} | {r.get('seq_len') or '-'} "
+            f"| {_acc_cell(h)} | {_acc_cell(m)} | {diff} "
             f"| {p['hkt'][0]:.2f} ± {p['hkt'][1]:.2f} "
             f"| {p['mha'][0]:.2f} ± {p['mha'][1]:.2f} | {p['hkt'][0] - p['mha'][0]:+.2f} "
             f"| {ratio} | {params} | {_num(r.get('kappa'))} | {_num(r.get('reciprocity'))} |"
