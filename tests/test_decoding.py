@@ -278,3 +278,53 @@ def test_a_model_built_under_inference_mode_decodes():
         got = [model(text[:, :4], cache=cache).logits]
         got += [model(text[:, t : t + 1], cache=cache).logits for t in range(4, 9)]
     assert torch.allclose(torch.cat(got, 1), ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("n_levels,stride,kernel,hybrid", GRID)
+def test_compiled_decode_step_equals_full_forward(n_levels, stride, kernel, hybrid, monkeypatch):
+    """Without gradients and with every sequence at one position, the steps run the compiled
+    step (counted here); prefill + steps still equal the full forward at every position, and
+    the caches they leave equal the PyTorch step's."""
+    from structattn.hkt import attention as attention_module
+    from structattn.hkt.cpu_kernel import cpu_kernel
+
+    if cpu_kernel() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    calls = []
+    real = attention_module.HKTAttention._step_cpp
+
+    def counted(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(attention_module.HKTAttention, "_step_cpp", counted)
+    model = make_lm("hkt", n_levels, stride, kd=kernel, kc=5 - kernel, hybrid=hybrid)
+    for lens in ([8, 8], [11], [5, 5]):
+        with torch.no_grad():
+            err_alone, err_batch = decode_errors(model, lens, extra=13)
+        assert err_alone <= 1e-10 and err_batch <= 1e-10, lens
+    assert len(calls) == 3 * 13 * 2  # every step of both layers
+
+    # the cache after compiled steps equals the cache after PyTorch steps
+    text = torch.randint(1, VOCAB, (2, 30), generator=torch.Generator().manual_seed(5))
+    caches = []
+    for compiled in (True, False):
+        monkeypatch.setattr(attention_module.HKTAttention, "cpp_decode", compiled)
+        cache = model.new_cache()
+        with torch.no_grad():
+            model(text[:, :7], cache=cache)
+            for t in range(7, 30):
+                model(text[:, t : t + 1], cache=cache)
+        caches.append(cache.layers[1])
+    a, b = caches
+    n = 30
+    for l in range(n_levels):
+        rows = -(-n // stride**l)
+        assert torch.allclose(a.keys[l][:, :, :rows], b.keys[l][:, :, :rows], atol=1e-12)
+        assert torch.allclose(a.queries[l], b.queries[l], atol=1e-12)
+    for wa, wb in zip(a.windows, b.windows):
+        assert torch.allclose(wa, wb, atol=1e-12)
+    assert torch.allclose(a.values[:, :, :n], b.values[:, :, :n], atol=1e-12)
+    if hybrid:
+        assert torch.allclose(a.conv_window, b.conv_window, atol=1e-12)
+    assert torch.equal(a.lengths, b.lengths)

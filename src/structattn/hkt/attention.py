@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cache import HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
+from .cpu_kernel import cpu_kernel
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import ATTENTION_IMPLS, hkt_attention
 
@@ -49,6 +50,18 @@ def _tail(x: Tensor, lengths: Tensor, width: int) -> Tensor:
     idx = lengths[:, None] - width + torch.arange(width, device=x.device)  # (B, width)
     rows = x.gather(1, idx.clamp(0, max(T - 1, 0))[..., None].expand(B, width, D))
     return rows.masked_fill((idx < 0)[..., None], 0.0)
+
+
+def _decode_kernel(x: Tensor):
+    """The compiled decoding step for ``x``'s device and dtype (CPU, float32 or float64), or
+    None: then the PyTorch step runs (and always while :attr:`HKTAttention.cpp_decode` is
+    False)."""
+    if not HKTAttention.cpp_decode or x.device.type != "cpu":
+        return None
+    if x.dtype not in (torch.float32, torch.float64):
+        return None
+    kernel = cpu_kernel()
+    return kernel if kernel is not None and hasattr(kernel, "decode_step") else None
 
 
 def _depthwise_last(inputs: Tensor, conv: nn.Conv1d) -> Tensor:
@@ -134,6 +147,11 @@ class HKTAttention(nn.Module):
 
     Returns ``(B, T, D)``.
     """
+
+    #: Decoding steps without gradients or dropout, every sequence at one position, run the
+    #: compiled step (``csrc/hkt_decode.cpp``) on the CPU in float32 / float64; False: always
+    #: the PyTorch step (the reference the compiled one is tested against).
+    cpp_decode: bool = True
 
     def __init__(self, config: HKTConfig):
         super().__init__()
@@ -296,10 +314,10 @@ class HKTAttention(nn.Module):
                 windows.append(_tail(xs[l], -(-lengths // s**l), cfg.downsample_kernel - 1))
         conv_window = _tail(v_flat, lengths, cfg.conv_kernel - 1) if cfg.hybrid else None
         return HKTLayerCache(
-            keys=[t.clone() for t in k],
+            keys=[t.clone(memory_format=torch.contiguous_format) for t in k],
             queries=queries,
             windows=windows,
-            values=self._heads(v_flat).clone(),
+            values=self._heads(v_flat).clone(memory_format=torch.contiguous_format),
             conv_window=conv_window,
             lengths=lengths.clone(),
             scores=[None] * cfg.n_levels,
@@ -338,10 +356,16 @@ class HKTAttention(nn.Module):
         if live or params is None or params[0].dtype != x.dtype:
             params = self._decode_params(x.dtype)
             cache.params = None if live else params
-        weight, bias, coarse, w, beta = params
-        q0, k0, v = F.linear(x, weight, bias).split(D, dim=-1)  # level 0's Q, K, V: one GEMM
+        weight, bias, coarse, w, beta = params[:5]
+        qkv = F.linear(x, weight, bias)  # level 0's Q, K, V: one GEMM
+        aligned = one_length(n, n_max)
+        if aligned and not torch.is_grad_enabled() and self.attn_drop_p() == 0:
+            kernel = _decode_kernel(x)
+            if kernel is not None:
+                return self._step_cpp(kernel, x, qkv, cache, n, T0, params)
+        q0, k0, v = qkv.split(D, dim=-1)
         values = grow(cache.values, T0)
-        if one_length(n, n_max):
+        if aligned:
             p = n_max - 1
             top = self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0, coarse)
             values[:, :, p] = v.view(B, H, d)
@@ -381,12 +405,57 @@ class HKTAttention(nn.Module):
         cache.lengths = n
         return self.out_dropout(self.o_proj(o))
 
-    def _decode_params(
-        self, dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor | None, list[tuple[Tensor, Tensor | None]], Tensor, Tensor]:
+    def _step_cpp(
+        self, kernel, x: Tensor, qkv: Tensor, cache: HKTLayerCache, n: Tensor, T0: int, params
+    ) -> Tensor:
+        """:meth:`_step` for sequences at one position, without gradients or dropout, as one
+        call of the compiled step (``csrc/hkt_decode.cpp``, the same updates and sums)."""
+        cfg = self.config
+        L, s = cfg.n_levels, cfg.stride
+        _, _, coarse, w, beta = params[:5]
+        down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b = params[5]
+        empty = x.new_empty(0)
+        cache.values = grow(cache.values, T0)
+        cache.keys = [grow(t, T0 // s**l) for l, t in enumerate(cache.keys)]
+        hybrid = cache.conv_window is not None
+        out = kernel.decode_step(
+            x,
+            qkv,
+            int(n[0]) - 1,
+            T0,
+            s,
+            cache.keys,
+            cache.queries,
+            cache.windows,
+            cache.values,
+            cache.conv_window if hybrid else empty,
+            [empty if t is None else t for t in cache.scores],
+            [c[0] for c in coarse],
+            [empty if c[1] is None else c[1] for c in coarse],
+            down_w,
+            down_b,
+            ln_w,
+            ln_b,
+            eps,
+            w,
+            beta if hybrid else empty,
+            conv_w,
+            conv_b,
+        )
+        cache.queries = out[1 : 1 + L]
+        cache.windows = out[1 + L : 2 * L]
+        if hybrid:
+            cache.conv_window = out[2 * L]
+        cache.scores = [None, *out[2 * L + 2 :]]
+        cache.lengths = n
+        return self.out_dropout(self.o_proj(out[0]))
+
+    def _decode_params(self, dtype: torch.dtype) -> tuple:
         """Level 0's Q, K, V weights and biases concatenated, every coarse level's Q and K
-        weights and biases concatenated, the level weights times the score scale ``(H, L)``
-        and beta per channel ``(D,)``."""
+        weights and biases concatenated, the level weights times the score scale ``(H, L)``,
+        beta per channel ``(D,)``, and the compiled step's weights: per downsampling level
+        its conv weight ``(D, k)``, conv bias, LayerNorm weight, bias and eps, then the hybrid
+        head's conv weight ``(D, k)`` and bias (absent ones as empty tensors)."""
         cfg = self.config
 
         def fused(group: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
@@ -399,7 +468,25 @@ class HKTAttention(nn.Module):
         coarse = [fused([self.q_proj[l], self.k_proj[l]]) for l in range(1, cfg.n_levels)]
         w = self.level_weights().to(dtype) * (1.0 / math.sqrt(cfg.head_dim))
         beta = self.beta().to(dtype).repeat_interleave(cfg.head_dim)
-        return weight, bias, coarse, w, beta
+        empty = torch.empty(0, dtype=dtype, device=weight.device)
+
+        def vector(t: Tensor | None) -> Tensor:
+            return empty if t is None else t.detach().to(dtype).contiguous()
+
+        def conv_weight(conv: nn.Conv1d) -> Tensor:
+            return conv.weight.detach()[:, 0, :].to(dtype).contiguous()  # (D, k)
+
+        downs = list(self.downsample)
+        kernel_params = (
+            [conv_weight(m.conv.conv) for m in downs],
+            [vector(m.conv.conv.bias) for m in downs],
+            [vector(m.norm.weight) for m in downs],
+            [vector(m.norm.bias) for m in downs],
+            [float(m.norm.eps) for m in downs],
+            conv_weight(self.conv.conv) if cfg.hybrid else empty,
+            vector(self.conv.conv.bias) if cfg.hybrid else empty,
+        )
+        return weight, bias, coarse, w, beta, kernel_params
 
     def _new_coarse_tokens(
         self,

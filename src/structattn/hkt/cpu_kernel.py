@@ -1,4 +1,5 @@
-"""The C++/OpenMP HKT attention kernel (``csrc/hkt_cpu.cpp``), built just in time.
+"""The C++/OpenMP HKT kernels (``csrc/hkt_cpu.cpp``: attention; ``csrc/hkt_decode.cpp``: one
+decoding step), built just in time.
 
 The kernel is compiled on first use by :func:`torch.utils.cpp_extension.load` (about a minute on
 two cores, then cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
@@ -12,6 +13,7 @@ float32 and cast back by :func:`cpp_hkt_attention`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -26,7 +28,9 @@ from .blockwise import Backend, blockwise_attention, round_tile
 
 __all__ = ["CPP_BACKEND", "cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
 
-_SOURCE = Path(__file__).parent / "csrc" / "hkt_cpu.cpp"
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / "hkt_cpu.cpp", _CSRC / "hkt_decode.cpp"]
+_HEADER = _CSRC / "hkt_cpu_common.h"
 _NAME = "structattn_hkt_cpu"
 DEFAULT_TILE_Q = 128
 DEFAULT_TILE_K = 256
@@ -50,10 +54,13 @@ def _build() -> ModuleType:
             pass
     from torch.utils.cpp_extension import load
 
-    flags = ["-O3", "-fopenmp", "-march=native"]
+    # The build is cached by a hash of the sources and flags; the header's hash goes into the
+    # flags so that a changed header rebuilds too.
+    header = hashlib.sha1(_HEADER.read_bytes()).hexdigest()[:16]
+    flags = ["-O3", "-fopenmp", "-march=native", f"-DSTRUCTATTN_HEADER_HASH={header}"]
     return load(
         name=_NAME,
-        sources=[str(_SOURCE)],
+        sources=[str(p) for p in _SOURCES],
         extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
         verbose=os.environ.get("STRUCTATTN_VERBOSE_BUILD", "") not in ("", "0"),
