@@ -362,7 +362,7 @@ class HKTAttention(nn.Module):
         if aligned and not torch.is_grad_enabled() and self.attn_drop_p() == 0:
             kernel = _decode_kernel(x)
             if kernel is not None:
-                return self._step_cpp(kernel, x, qkv, cache, n, T0, params)
+                return self._step_cpp(kernel, x, qkv, cache, n, n_max - 1, T0, params)
         q0, k0, v = qkv.split(D, dim=-1)
         values = grow(cache.values, T0)
         if aligned:
@@ -406,22 +406,29 @@ class HKTAttention(nn.Module):
         return self.out_dropout(self.o_proj(o))
 
     def _step_cpp(
-        self, kernel, x: Tensor, qkv: Tensor, cache: HKTLayerCache, n: Tensor, T0: int, params
+        self,
+        kernel,
+        x: Tensor,
+        qkv: Tensor,
+        cache: HKTLayerCache,
+        n: Tensor,
+        pos: int,
+        T0: int,
+        params: tuple,
     ) -> Tensor:
         """:meth:`_step` for sequences at one position, without gradients or dropout, as one
         call of the compiled step (``csrc/hkt_decode.cpp``, the same updates and sums)."""
         cfg = self.config
         L, s = cfg.n_levels, cfg.stride
-        _, _, coarse, w, beta = params[:5]
-        down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b = params[5]
-        empty = x.new_empty(0)
+        w, beta = params[3:5]
+        coarse_w, coarse_b, down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b, empty = params[5]
         cache.values = grow(cache.values, T0)
         cache.keys = [grow(t, T0 // s**l) for l, t in enumerate(cache.keys)]
         hybrid = cache.conv_window is not None
         out = kernel.decode_step(
             x,
             qkv,
-            int(n[0]) - 1,
+            pos,
             T0,
             s,
             cache.keys,
@@ -430,8 +437,8 @@ class HKTAttention(nn.Module):
             cache.values,
             cache.conv_window if hybrid else empty,
             [empty if t is None else t for t in cache.scores],
-            [c[0] for c in coarse],
-            [empty if c[1] is None else c[1] for c in coarse],
+            coarse_w,
+            coarse_b,
             down_w,
             down_b,
             ln_w,
@@ -453,9 +460,10 @@ class HKTAttention(nn.Module):
     def _decode_params(self, dtype: torch.dtype) -> tuple:
         """Level 0's Q, K, V weights and biases concatenated, every coarse level's Q and K
         weights and biases concatenated, the level weights times the score scale ``(H, L)``,
-        beta per channel ``(D,)``, and the compiled step's weights: per downsampling level
-        its conv weight ``(D, k)``, conv bias, LayerNorm weight, bias and eps, then the hybrid
-        head's conv weight ``(D, k)`` and bias (absent ones as empty tensors)."""
+        beta per channel ``(D,)``, and the compiled step's arguments: the coarse weights and
+        biases as lists, per downsampling level its conv weight ``(D, k)``, conv bias,
+        LayerNorm weight, bias and eps, then the hybrid head's conv weight ``(D, k)`` and bias,
+        and an empty tensor (which stands for every absent one)."""
         cfg = self.config
 
         def fused(group: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
@@ -478,6 +486,8 @@ class HKTAttention(nn.Module):
 
         downs = list(self.downsample)
         kernel_params = (
+            [c[0] for c in coarse],
+            [empty if c[1] is None else c[1] for c in coarse],
             [conv_weight(m.conv.conv) for m in downs],
             [vector(m.conv.conv.bias) for m in downs],
             [vector(m.norm.weight) for m in downs],
@@ -485,6 +495,7 @@ class HKTAttention(nn.Module):
             [float(m.norm.eps) for m in downs],
             conv_weight(self.conv.conv) if cfg.hybrid else empty,
             vector(self.conv.conv.bias) if cfg.hybrid else empty,
+            empty,
         )
         return weight, bias, coarse, w, beta, kernel_params
 
