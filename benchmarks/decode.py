@@ -5,7 +5,10 @@ For each context length T: both causal LMs (same width, layers and heads; HKT wi
 decode ``--new-tokens`` tokens one at a time. Reported, as medians with HKT/MHA ratios measured
 in the same run (the two models alternate call by call):
 
-* per-token decoding time and tokens/s;
+* per-token decoding time and tokens/s; HKT twice: its default step (one compiled call per
+  layer on the CPU) and the PyTorch step (``HKTAttention.cpp_decode = False``, the readable
+  reference), both against the same MHA model, whose step is PyTorch operations (a key/value
+  cache written in place, softmax and two GEMVs: what a PyTorch decoder does);
 * cache bytes in use after the prefill (HKT keys at every level + V, against MHA's K + V);
 * prefill time against a plain forward pass over the same T tokens (the price of filling it).
 
@@ -18,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -27,7 +31,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from structattn.hkt import CausalLM, ModelConfig
+from structattn.hkt import CausalLM, HKTAttention, ModelConfig
 
 
 def build(attention: str, args, max_len: int) -> CausalLM:
@@ -51,6 +55,18 @@ def timed(fn, *args, **kwargs) -> float:
     return time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def hkt_step(name: str):
+    """The HKT decoding step that ``name`` measures: the PyTorch one for ``hkt_torch``, else
+    the default (compiled where available)."""
+    saved = HKTAttention.cpp_decode
+    HKTAttention.cpp_decode = saved and name != "hkt_torch"
+    try:
+        yield
+    finally:
+        HKTAttention.cpp_decode = saved
+
+
 @torch.inference_mode()
 def measure(models: dict[str, CausalLM], T: int, args) -> dict:
     g = torch.Generator().manual_seed(T)
@@ -62,16 +78,21 @@ def measure(models: dict[str, CausalLM], T: int, args) -> dict:
     cache_bytes = {}
     for _ in range(args.repeats):
         for name, model in models.items():  # alternate the models, repeat by repeat
-            res[name]["forward_s"].append(timed(model, prompt))
+            if name != "hkt_torch":  # the same model as "hkt": its forward is timed there
+                res[name]["forward_s"].append(timed(model, prompt))
             cache = model.new_cache()
             res[name]["prefill_s"].append(timed(model, prompt, cache=cache))
             cache_bytes[name] = cache.nbytes()
-            for t in range(args.new_tokens):
-                tok = steps[:, t : t + 1]
-                res[name]["step_s"].append(timed(model, tok, cache=cache))
+            with hkt_step(name):
+                for t in range(args.new_tokens):
+                    tok = steps[:, t : t + 1]
+                    res[name]["step_s"].append(timed(model, tok, cache=cache))
     row = {"seq_len": T}
     for name, r in res.items():
         step = statistics.median(r["step_s"])
+        if name == "hkt_torch":
+            row[name] = {"step_ms": 1e3 * step, "tokens_per_s": args.batch / step}
+            continue
         row[name] = {
             "step_ms": 1e3 * step,
             "tokens_per_s": args.batch / step,
@@ -81,6 +102,7 @@ def measure(models: dict[str, CausalLM], T: int, args) -> dict:
         }
         row[name]["prefill_over_forward"] = row[name]["prefill_ms"] / row[name]["forward_ms"]
     row["step_ratio"] = row["hkt"]["step_ms"] / row["mha"]["step_ms"]
+    row["torch_step_ratio"] = row["hkt_torch"]["step_ms"] / row["mha"]["step_ms"]
     row["cache_ratio"] = row["hkt"]["cache_bytes"] / row["mha"]["cache_bytes"]
     return row
 
@@ -102,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     max_len = max(args.seq_lens) + args.new_tokens
-    models = {"hkt": build("hkt", args, max_len), "mha": build("mha", args, max_len)}
+    hkt = build("hkt", args, max_len)
+    models = {"hkt": hkt, "hkt_torch": hkt, "mha": build("mha", args, max_len)}
     rows = [measure(models, T, args) for T in tqdm(args.seq_lens, desc="context", file=sys.stderr)]
 
     print(
@@ -113,14 +136,16 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     print(
         "| T | HKT ms/token | MHA ms/token | HKT/MHA | HKT tokens/s | MHA tokens/s | "
-        "cache HKT/MHA | prefill/forward HKT | prefill/forward MHA |"
+        "HKT PyTorch step ms/token | its /MHA | cache HKT/MHA | prefill/forward HKT | "
+        "prefill/forward MHA |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         h, m = r["hkt"], r["mha"]
         print(
             f"| {r['seq_len']} | {h['step_ms']:.2f} | {m['step_ms']:.2f} | "
             f"{r['step_ratio']:.2f}x | {h['tokens_per_s']:.0f} | {m['tokens_per_s']:.0f} | "
+            f"{r['hkt_torch']['step_ms']:.2f} | {r['torch_step_ratio']:.2f}x | "
             f"{r['cache_ratio']:.2f}x | {h['prefill_over_forward']:.2f} | "
             f"{m['prefill_over_forward']:.2f} |"
         )

@@ -118,5 +118,7 @@ def test_decode_benchmark_runs_and_reports_ratios(tmp_path, capsys):
     assert [r["seq_len"] for r in saved["rows"]] == [40, 64]
     for row in result["rows"]:
         assert row["step_ratio"] == pytest.approx(row["hkt"]["step_ms"] / row["mha"]["step_ms"])
+        torch_step = row["hkt_torch"]["step_ms"] / row["mha"]["step_ms"]
+        assert row["torch_step_ratio"] == pytest.approx(torch_step)
         # HKT's cache holds (1 + 1/2 + 1/4) key rows per value row, plus its small windows
         assert 1.3 < row["cache_ratio"] < 1.6
