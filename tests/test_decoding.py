@@ -328,3 +328,33 @@ def test_compiled_decode_step_equals_full_forward(n_levels, stride, kernel, hybr
     if hybrid:
         assert torch.allclose(a.conv_window, b.conv_window, atol=1e-12)
     assert torch.equal(a.lengths, b.lengths)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e300])
+def test_compiled_step_treats_odd_input_like_the_pytorch_step(bad, monkeypatch):
+    """NaN, inf or huge values in one step's input: the compiled step gives what the PyTorch
+    step gives (NaN where it has NaN), and the steps after it too."""
+    from structattn.hkt import attention as attention_module
+    from structattn.hkt.attention import EMPTY
+    from structattn.hkt.cpu_kernel import cpu_kernel
+
+    if cpu_kernel() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    torch.manual_seed(0)
+    cfg = attention_module.HKTConfig(d_model=8, n_heads=2, n_levels=3, stride=2)
+    layer = attention_module.HKTAttention(cfg).double().eval()
+    x = torch.randn(2, 20, 8, dtype=torch.float64)
+    x[:, 9, 3] = bad  # read by the coarse tokens made at positions 10 and 12
+    x[1, 12, 0] = bad
+    outs = []
+    for compiled in (True, False):
+        monkeypatch.setattr(attention_module.HKTAttention, "cpp_decode", compiled)
+        with torch.no_grad():
+            _, cache = layer(x[:, :7], cache=EMPTY)
+            outs.append(
+                torch.cat([layer(x[:, t : t + 1], cache=cache)[0] for t in range(7, 20)], 1)
+            )
+    got, ref = outs
+    assert torch.equal(got.isnan(), ref.isnan())
+    # outputs reach 1e299 for the huge input: equal to rounding, relative to their size
+    assert torch.allclose(got, ref, atol=1e-10, rtol=1e-12, equal_nan=True)

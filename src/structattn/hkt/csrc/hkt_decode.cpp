@@ -2,11 +2,12 @@
 //
 // The same mathematics as HKTAttention._step (structattn/hkt/attention.py, the readable PyTorch
 // version, which stays the reference and the path for gradients, dropout and sequences at
-// different positions). A step is a few dozen tiny operations (a convolution over k vectors, a
-// LayerNorm and a GELU of one vector per level, row writes into the caches) around two products
-// that grow with the context (the new queries against the keys, the probabilities times V). As
-// PyTorch calls, each tiny operation costs more in dispatch than in arithmetic; here they are
-// loops, the products are BLAS calls per (sequence, head), and heads run in parallel.
+// different positions). A step is a few dozen tiny operations (a convolution over k vectors per
+// level, row writes into the caches, the hybrid head) around two products that grow with the
+// context (the new queries against the keys, the probabilities times V). As PyTorch calls, each
+// tiny operation costs more in dispatch than in arithmetic; here they are loops, the products
+// are BLAS calls per (sequence, head), and heads run in parallel. A new coarse token's LayerNorm
+// and GELU stay PyTorch's (every s^l tokens), so that they overflow exactly like the reference.
 //
 // Shapes (B batch, H heads, d head dim, D = H d, L levels, s stride, k kernels):
 //   x (B, D) layer input; qkv (B, 3D) level 0's Q, K, V for it;
@@ -45,27 +46,6 @@ void conv_last(const T* win, const T* last, const T* w, const T* bias, int64_t B
       T* nb = new_win + b * km1 * D;
       std::copy(wb + D, wb + km1 * D, nb);
       std::copy(lb, lb + D, nb + (km1 - 1) * D);
-    }
-  }
-}
-
-// y = GELU(LayerNorm(y)) row by row, in place (exact erf GELU, biased variance).
-template <typename T>
-void norm_gelu(T* y, const T* w, const T* bias, double eps, int64_t B, int64_t D) {
-  for (int64_t b = 0; b < B; ++b) {
-    T* yb = y + b * D;
-    double mean = 0;
-    for (int64_t c = 0; c < D; ++c) mean += yb[c];
-    mean /= D;
-    double var = 0;
-    for (int64_t c = 0; c < D; ++c) var += (yb[c] - mean) * (yb[c] - mean);
-    var /= D;
-    const double rstd = 1.0 / std::sqrt(var + eps);
-    for (int64_t c = 0; c < D; ++c) {
-      T z = static_cast<T>((yb[c] - mean) * rstd);
-      if (w) z = z * w[c];
-      if (bias) z = z + bias[c];
-      yb[c] = static_cast<T>(0.5) * z * (static_cast<T>(1) + std::erf(z * static_cast<T>(M_SQRT1_2)));
     }
   }
 }
@@ -127,8 +107,10 @@ void step(const Tensor& x, const Tensor& qkv, int64_t pos, int64_t T0, int64_t s
       top = l - 1;
       break;
     }
-    norm_gelu<T>(next.data_ptr<T>(), ptr_or_null<T>(ln_w[l - 1]), ptr_or_null<T>(ln_b[l - 1]),
-                 ln_eps[l - 1], B, D);
+    // PyTorch's own LayerNorm and GELU (two calls per coarse token, every s^l steps), so that
+    // overflow and NaN come out exactly as in the PyTorch step.
+    const auto opt = [](const Tensor& t) { return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt; };
+    next = at::gelu(at::layer_norm(next, {D}, opt(ln_w[l - 1]), opt(ln_b[l - 1]), ln_eps[l - 1]));
     Tensor qk = at::empty({B, 2 * D}, opts);  // (B, 2D) = next (B, D) W^T (W is (2D, D))
     T* pqk = qk.data_ptr<T>();
     const Tensor cw = coarse_w[l - 1].contiguous();
