@@ -228,33 +228,74 @@ def test_layer_config_rejects_bad_flags():
         HKTConfig(causal="no")
 
 
-@pytest.mark.parametrize("T", [1, 2, 5, 17])
+@pytest.mark.parametrize("T", [0, 1, 2, 5, 17])
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("kernel", [1, 2, 3, 4])
-def test_causal_depthwise_conv_is_the_left_padded_conv1d(T, stride, kernel):
-    """The channels-last implementation against the textbook one: pad K - 1 zeros on the left
-    of (B, D, T), depthwise conv1d with stride s; forward and gradients in float64."""
+@pytest.mark.parametrize("path", ["conv2d", "compiled"])
+def test_causal_depthwise_conv_is_the_left_padded_conv1d(T, stride, kernel, path, monkeypatch):
+    """Both implementations (channels-last conv2d, the compiled loops) against the textbook
+    one: pad K - 1 zeros on the left of (B, D, T), depthwise conv1d with stride s; forward and
+    gradients in float64, with and without bias, input rows strided (a slice of a wider
+    tensor, as the layer passes V)."""
     import torch.nn.functional as F
 
     from structattn.hkt import CausalDepthwiseConv
+    from structattn.hkt.cpu_kernel import cpu_kernel
 
+    if path == "compiled" and cpu_kernel() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    monkeypatch.setattr(CausalDepthwiseConv, "cpp", path == "compiled")
     torch.manual_seed(0)
-    conv = CausalDepthwiseConv(6, kernel, stride).double()
-    x = torch.randn(2, T, 6, dtype=torch.float64, requires_grad=True)
-    y = conv(x)
-    ref = F.conv1d(
-        F.pad(x.transpose(1, 2), (kernel - 1, 0)),
-        conv.conv.weight,
-        conv.conv.bias,
-        stride=stride,
-        groups=6,
-    ).transpose(1, 2)
-    assert y.shape == ref.shape == (2, -(-T // stride), 6)
-    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
-    g = torch.randn_like(ref)
-    params = [x, conv.conv.weight, conv.conv.bias]
-    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(ref, params, g)):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for bias in (True, False):
+        conv = CausalDepthwiseConv(6, kernel, stride, bias=bias).double()
+        wide = torch.randn(2, T, 15, dtype=torch.float64, requires_grad=True)
+        x = wide[:, :, 4:10]  # rows 15 apart
+        y = conv(x)
+        if T == 0:
+            assert y.shape == (2, 0, 6)
+            continue
+        ref = F.conv1d(
+            F.pad(x.transpose(1, 2), (kernel - 1, 0)),
+            conv.conv.weight,
+            conv.conv.bias,
+            stride=stride,
+            groups=6,
+        ).transpose(1, 2)
+        assert y.shape == ref.shape == (2, -(-T // stride), 6)
+        torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+        g = torch.randn_like(ref)
+        params = [wide, *conv.parameters()]
+        for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(ref, params, g)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_conv_runs_where_expected_and_keeps_nan(monkeypatch):
+    """The compiled convolution is what float32/float64 CPU layers run (counted), float16 and
+    ``cpp=False`` use conv2d; NaN and inf inputs give what conv2d gives."""
+    from structattn.hkt import CausalDepthwiseConv
+    from structattn.hkt import downsample as ds
+    from structattn.hkt.cpu_kernel import cpu_kernel
+
+    if cpu_kernel() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    calls = []
+    real = ds._CompiledCausalConv.apply
+    monkeypatch.setattr(ds._CompiledCausalConv, "apply", lambda *a: calls.append(1) or real(*a))
+    conv = CausalDepthwiseConv(4, 3, 2)
+    conv(torch.randn(1, 9, 4))
+    assert len(calls) == 1
+    conv.to(torch.bfloat16)(torch.randn(1, 9, 4, dtype=torch.bfloat16))
+    assert len(calls) == 1
+    conv.float()
+    x = torch.randn(2, 9, 4)
+    x[0, 3, 1] = float("nan")
+    x[1, 5, 2] = float("inf")
+    got = conv(x)
+    monkeypatch.setattr(CausalDepthwiseConv, "cpp", False)
+    ref = conv(x)
+    assert len(calls) == 2
+    assert torch.equal(got.isnan(), ref.isnan())
+    torch.testing.assert_close(got, ref, equal_nan=True)
 
 
 def test_fixed_level_weights_stay_uniform_and_are_not_parameters():

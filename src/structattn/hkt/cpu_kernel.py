@@ -1,5 +1,5 @@
 """The C++/OpenMP HKT kernels (``csrc/hkt_cpu.cpp``: attention; ``csrc/hkt_decode.cpp``: one
-decoding step), built just in time.
+decoding step; ``csrc/hkt_conv.cpp``: the causal depthwise convolution), built just in time.
 
 The kernel is compiled on first use by :func:`torch.utils.cpp_extension.load` (about a minute on
 two cores, then cached under ``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
@@ -29,7 +29,7 @@ from .blockwise import Backend, blockwise_attention, round_tile
 __all__ = ["CPP_BACKEND", "cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / "hkt_cpu.cpp", _CSRC / "hkt_decode.cpp"]
+_SOURCES = [_CSRC / "hkt_cpu.cpp", _CSRC / "hkt_decode.cpp", _CSRC / "hkt_conv.cpp"]
 _HEADER = _CSRC / "hkt_cpu_common.h"
 _NAME = "structattn_hkt_cpu"
 # Query x key tile. 256 x 256 against the earlier 128 x 256, forward + backward on 2 cores:

@@ -12,10 +12,49 @@ Shapes: ``(B, T, D) -> (B, ceil(T / s), D)``.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 __all__ = ["CausalDownsample", "CausalDepthwiseConv"]
+
+
+def _conv_kernel(x: Tensor):
+    """The compiled convolution for ``x`` (CPU, float32 or float64, not under tracing or
+    compilation, :attr:`CausalDepthwiseConv.cpp` True), or None."""
+    if not CausalDepthwiseConv.cpp or x.device.type != "cpu":
+        return None
+    if x.dtype not in (torch.float32, torch.float64):
+        return None
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return None
+    from .cpu_kernel import cpu_kernel
+
+    kernel = cpu_kernel()
+    return kernel if kernel is not None and hasattr(kernel, "causal_dwconv_forward") else None
+
+
+class _CompiledCausalConv(torch.autograd.Function):
+    """``(B, T, D) -> (B, ceil(T / s), D)`` through ``csrc/hkt_conv.cpp`` (first derivatives)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, kernel):
+        D, _, K = weight.shape
+        w = weight.detach().reshape(D, K).contiguous()
+        b = bias.detach() if bias is not None else w.new_empty(0)
+        if x.shape[2] > 1 and x.stride(2) != 1:
+            x = x.contiguous()
+        ctx.save_for_backward(x, w)
+        ctx.stride, ctx.kernel, ctx.has_bias = stride, kernel, bias is not None
+        return kernel.causal_dwconv_forward(x, w, b, stride)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        gx, gw, gb = ctx.kernel.causal_dwconv_backward(x, w, grad, ctx.stride)
+        return gx, gw.view(w.shape[0], 1, w.shape[1]), gb if ctx.has_bias else None, None, None
 
 
 class CausalDepthwiseConv(nn.Module):
@@ -43,7 +82,19 @@ class CausalDepthwiseConv(nn.Module):
             channels, channels, kernel_size, stride=stride, groups=channels, bias=bias
         )
 
+    #: On the CPU in float32 / float64, run the compiled convolution (``csrc/hkt_conv.cpp``, one
+    #: pass over the (B, T, D) layout forward and backward); False: always ``conv2d`` (the
+    #: reference it is tested against; also the path for double backward).
+    cpp: bool = True
+
     def forward(self, x: Tensor) -> Tensor:
+        if x.shape[1] == 0:  # no time steps: no outputs (conv2d refuses an empty input)
+            return x.new_zeros(x.shape[0], 0, x.shape[2])
+        kernel = _conv_kernel(x)
+        if kernel is not None:
+            return _CompiledCausalConv.apply(
+                x, self.conv.weight, self.conv.bias, self.stride, kernel
+            )
         B, T, D = x.shape
         K, s = self.kernel_size, self.stride
         # (B, T, D) memory is (B, D, 1, T) in channels-last layout: the depthwise kernel reads it

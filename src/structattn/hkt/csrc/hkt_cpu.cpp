@@ -471,6 +471,12 @@ std::vector<at::Tensor> hkt_decode_step(
     const std::vector<double>& ln_eps, const at::Tensor& lam, const at::Tensor& beta,
     const at::Tensor& conv_w, const at::Tensor& conv_b);
 
+// csrc/hkt_conv.cpp
+at::Tensor causal_dwconv_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                                 int64_t s);
+std::vector<at::Tensor> causal_dwconv_backward(const at::Tensor& x, const at::Tensor& w,
+                                               const at::Tensor& gy, int64_t s);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "HKT attention CPU kernel (blockwise online softmax, OpenMP)";
   m.def("forward", &hkt_forward, "HKT attention forward: returns (out, lse)");
@@ -478,4 +484,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "HKT attention backward: returns (*dq, *dk, dv, dlam)");
   m.def("decode_step", &hkt_decode_step,
         "one causal HKT decoding step, every sequence at the same position");
+  m.def("causal_dwconv_forward", &causal_dwconv_forward,
+        "causal depthwise convolution over time, (B, T, D) -> (B, ceil(T / s), D)");
+  m.def("causal_dwconv_backward", &causal_dwconv_backward,
+        "its backward: returns (grad_x, grad_w (D, k), grad_bias (D,))");
 }
