@@ -30,7 +30,7 @@ BUCKETS = [
     ("attention kernel", ("_BlockwiseHKT", "scaled_dot_product", "flash_attention")),
     ("optimizer", ("Optimizer.step", "_foreach", "adam")),
     ("GEMM (projections, MLP)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")),
-    ("convolutions", ("convolution", "conv2d", "conv1d")),
+    ("convolutions", ("convolution", "conv2d", "conv1d", "CompiledCausalConv")),
     ("copies and layout", ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat",
                            "aten::stack", "aten::constant_pad")),  # fmt: skip
     ("norms and activations", ("layer_norm", "gelu", "softmax", "log_softmax", "nll_loss")),
