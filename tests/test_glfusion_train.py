@@ -363,6 +363,10 @@ def test_glfusion_ablations_one_table(tmp_path):
     runs = out["runs"]
     assert runs["lm-head-only"]["0"]["ensemble_weight"] == 0.0
     assert runs["gnn-head-only"]["1"]["ensemble_weight"] == 1.0
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in table.splitlines()}
+    assert rows["| GL-Fusion lm-head-only"][3] == "(not trained)"  # its GNN head column
+    assert rows["| GL-Fusion gnn-head-only"][4] == "(not trained)"  # its LM head column
+    assert "(not trained)" not in rows["| GL-Fusion full"]
     saved = json.loads((tmp_path / "abl/recipe/no-message-passing/seed0/best/glfusion_config.json")
                        .read_text())  # fmt: skip
     assert saved["message_passing_layers"] == []

@@ -756,6 +756,9 @@ def ablate_glfusion(
         done = sorted(runs[variant])
         rs = [runs[variant][s] for s in done]
         heads = {h: cell([r["heads"]["test"][h] for r in rs]) for h in ("ensemble", "gnn", "lm")}
+        for h in ("gnn", "lm"):  # a head its variant does not train is not a result
+            if any(r.get("heads_trained", "both") not in ("both", h) for r in rs):
+                heads[h] = "(not trained)"
         weights = sorted({r["ensemble_weight"] for r in rs})
         lines.append(
             f"| GL-Fusion {variant} | {', '.join(map(str, done))} | {heads['ensemble']} | "
