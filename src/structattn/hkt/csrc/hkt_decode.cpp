@@ -67,151 +67,6 @@ void scatter_heads(const T* src, int64_t src_ld, int64_t B, int64_t H, int64_t d
     }
 }
 
-template <typename T>
-void step(const Tensor& x, const Tensor& qkv, int64_t pos, int64_t T0, int64_t s,
-          const std::vector<Tensor>& keys, const std::vector<Tensor>& queries,
-          const std::vector<Tensor>& windows, const Tensor& values, const Tensor& conv_window,
-          const std::vector<Tensor>& scores, const std::vector<Tensor>& coarse_w,
-          const std::vector<Tensor>& coarse_b, const std::vector<Tensor>& down_w,
-          const std::vector<Tensor>& down_b, const std::vector<Tensor>& ln_w,
-          const std::vector<Tensor>& ln_b, const std::vector<double>& ln_eps, const Tensor& lam,
-          const Tensor& beta, const Tensor& conv_w, const Tensor& conv_b,
-          std::vector<Tensor>& result) {
-  const int64_t B = x.size(0), D = x.size(1), H = lam.size(0), L = lam.size(1), d = D / H;
-  const auto opts = x.options();
-  const bool hybrid = beta.numel() > 0;
-  const T* xq = qkv.data_ptr<T>();  // (B, 3D) contiguous
-
-  // Level 0: the new key and value rows, the new query.
-  std::vector<Tensor> q_out(queries.begin(), queries.end());
-  std::vector<Tensor> win_out(windows.begin(), windows.end());
-  scatter_heads<T>(xq + D, 3 * D, B, H, d, keys[0].data_ptr<T>(), keys[0].size(2), pos);
-  scatter_heads<T>(xq + 2 * D, 3 * D, B, H, d, values.data_ptr<T>(), values.size(2), pos);
-  q_out[0] = at::empty({B, H, d}, opts);
-  scatter_heads<T>(xq, 3 * D, B, H, d, q_out[0].data_ptr<T>(), 1, 0);
-
-  // Coarse levels: level l gets a token where pos % s^l == 0, from level l - 1's last inputs.
-  int64_t top = L - 1, block = 1;
-  Tensor tok = x.contiguous();
-  for (int64_t l = 1; l < L; ++l) {
-    block *= s;
-    const Tensor win = windows[l - 1].contiguous();
-    const Tensor dw = down_w[l - 1].contiguous();
-    const int64_t km1 = win.size(1);
-    Tensor next = at::empty({B, D}, opts);
-    win_out[l - 1] = at::empty({B, km1, D}, opts);
-    conv_last<T>(win.data_ptr<T>(), tok.data_ptr<T>(), dw.data_ptr<T>(),
-                 ptr_or_null<T>(down_b[l - 1]), B, km1, D, next.data_ptr<T>(),
-                 win_out[l - 1].data_ptr<T>());
-    if (pos % block != 0) {  // no new coarse token from here up
-      top = l - 1;
-      break;
-    }
-    // PyTorch's own LayerNorm and GELU (two calls per coarse token, every s^l steps), so that
-    // overflow and NaN come out exactly as in the PyTorch step.
-    const auto opt = [](const Tensor& t) { return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt; };
-    next = at::gelu(at::layer_norm(next, {D}, opt(ln_w[l - 1]), opt(ln_b[l - 1]), ln_eps[l - 1]));
-    Tensor qk = at::empty({B, 2 * D}, opts);  // (B, 2D) = next (B, D) W^T (W is (2D, D))
-    T* pqk = qk.data_ptr<T>();
-    const Tensor cw = coarse_w[l - 1].contiguous();
-    const T* cb = ptr_or_null<T>(coarse_b[l - 1]);
-    for (int64_t b = 0; b < B; ++b) {
-      if (cb) std::copy(cb, cb + 2 * D, pqk + b * 2 * D);
-      else std::fill(pqk + b * 2 * D, pqk + (b + 1) * 2 * D, T(0));
-    }
-    mm<T>(false, true, B, 2 * D, D, T(1), next.data_ptr<T>(), D, cw.data_ptr<T>(), D, T(1), pqk,
-          2 * D);
-    scatter_heads<T>(pqk + D, 2 * D, B, H, d, keys[l].data_ptr<T>(), keys[l].size(2),
-                     pos / block);
-    q_out[l] = at::empty({B, H, d}, opts);
-    scatter_heads<T>(pqk, 2 * D, B, H, d, q_out[l].data_ptr<T>(), 1, 0);
-    tok = next;
-  }
-
-  // Scores against keys 0 .. T0 - 1, summed coarse to fine (level l's rows start as level
-  // l + 1's repeated s times, and the GEMM adds lambda_l q_l . K_l); a level above `top` kept
-  // its query and keys, so its cached sum is reused. Level 0 only needs its first n = pos + 1.
-  std::vector<Tensor> score_out(L);
-  std::vector<Tensor> qs(L);
-  std::vector<bool> fresh(L, true);
-  std::vector<int64_t> Tl(L);
-  Tl[L - 1] = T0;
-  for (int64_t l = 1; l < L; ++l) Tl[L - 1] /= s;
-  for (int64_t l = L - 2; l >= 0; --l) Tl[l] = Tl[l + 1] * s;
-  for (int64_t l = L - 1; l >= 0; --l) {
-    const Tensor& kept = scores[l];
-    const bool above_kept = l == L - 1 || !fresh[l + 1];
-    if (l > top && above_kept && kept.dim() == 3 && kept.size(2) == Tl[l] &&
-        kept.is_contiguous()) {
-      score_out[l] = kept;
-      fresh[l] = false;
-    } else {
-      score_out[l] = at::empty({B, H, l == 0 ? pos + 1 : Tl[l]}, opts);
-      qs[l] = q_out[l].contiguous();
-    }
-  }
-  const int64_t n = pos + 1;
-  Tensor out = at::empty({B, D}, opts);
-  T* po = out.data_ptr<T>();
-  const T* plam = lam.contiguous().data_ptr<T>();
-  const T* pv = values.data_ptr<T>();
-  const int64_t capv = values.size(2);
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, n * d));
-  at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
-    std::vector<T> qrow(d);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t h = bh % H;
-      for (int64_t l = L - 1; l >= 0; --l) {
-        if (!fresh[l]) continue;
-        const int64_t cols = l == 0 ? n : Tl[l];
-        T* row = score_out[l].data_ptr<T>() + bh * score_out[l].size(2);
-        if (l + 1 < L) {
-          expand_cols<T>(row, score_out[l + 1].data_ptr<T>() + bh * Tl[l + 1], cols, s);
-        } else {
-          std::fill(row, row + cols, T(0));
-        }
-        const T* q = qs[l].data_ptr<T>() + bh * d;
-        const T w = plam[h * L + l];
-        for (int64_t i = 0; i < d; ++i) qrow[i] = q[i] * w;
-        mm<T>(false, true, 1, cols, d, T(1), qrow.data(), d,
-              keys[l].data_ptr<T>() + bh * keys[l].size(2) * d, d, T(1), row, cols);
-      }
-      T* row = score_out[0].data_ptr<T>() + bh * n;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-      const T sum = exp_sum<T>(row, n, mx);
-      mm<T>(false, false, 1, d, n, T(1) / sum, row, n, pv + bh * capv * d, d, T(0),
-            po + (bh / H) * D + h * d, D);
-    }
-  });
-
-  Tensor conv_out = at::empty({0}, opts);
-  if (hybrid) {  // out = conv + beta (out - conv), the causal conv over V's last k_conv inputs
-    const Tensor win = conv_window.contiguous();
-    const Tensor cw = conv_w.contiguous();
-    const int64_t km1 = win.size(1);
-    Tensor vrow = qkv.narrow(1, 2 * D, D).contiguous();
-    Tensor conv = at::empty({B, D}, opts);
-    conv_out = at::empty({B, km1, D}, opts);
-    conv_last<T>(win.data_ptr<T>(), vrow.data_ptr<T>(), cw.data_ptr<T>(), ptr_or_null<T>(conv_b),
-                 B, km1, D, conv.data_ptr<T>(), conv_out.data_ptr<T>());
-    const T* pc = conv.data_ptr<T>();
-    const T* pb = beta.data_ptr<T>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t c = 0; c < D; ++c) {
-        const int64_t i = b * D + c;
-        po[i] = pc[i] + pb[c] * (po[i] - pc[i]);
-      }
-  }
-
-  result.push_back(out);
-  for (auto& t : q_out) result.push_back(t);
-  for (auto& t : win_out) result.push_back(t);
-  result.push_back(conv_out);
-  result.push_back(at::empty({0}, opts));  // level 0's scores are not kept
-  for (int64_t l = 1; l < L; ++l) result.push_back(score_out[l]);
-}
-
 }  // namespace
 
 std::vector<Tensor> hkt_decode_step(
@@ -259,12 +114,143 @@ std::vector<Tensor> hkt_decode_step(
                 ", d)");
   for (const Tensor* t : {&qkv, &values, &lam})
     TORCH_CHECK(t->scalar_type() == x.scalar_type(), "hkt_decode_step: one dtype throughout");
+  const int64_t d = D / H;
   std::vector<Tensor> result;
   result.reserve(3 * L + 1);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "hkt_decode_step", [&] {
-    step<scalar_t>(x, qkv, pos, T0, s, keys, queries, windows, values, conv_window, scores,
-                   coarse_w, coarse_b, down_w, down_b, ln_w, ln_b, ln_eps, lam, beta, conv_w,
-                   conv_b, result);
+    using T = scalar_t;
+    const auto opts = x.options();
+    const bool hybrid = beta.numel() > 0;
+    const T* xq = qkv.data_ptr<T>();  // (B, 3D) contiguous
+
+    // Level 0: the new key and value rows, the new query.
+    std::vector<Tensor> q_out(queries.begin(), queries.end());
+    std::vector<Tensor> win_out(windows.begin(), windows.end());
+    scatter_heads<T>(xq + D, 3 * D, B, H, d, keys[0].data_ptr<T>(), keys[0].size(2), pos);
+    scatter_heads<T>(xq + 2 * D, 3 * D, B, H, d, values.data_ptr<T>(), values.size(2), pos);
+    q_out[0] = at::empty({B, H, d}, opts);
+    scatter_heads<T>(xq, 3 * D, B, H, d, q_out[0].data_ptr<T>(), 1, 0);
+
+    // Coarse levels: level l gets a token where pos % s^l == 0, from level l - 1's last inputs.
+    int64_t top = L - 1, block = 1;
+    Tensor tok = x.contiguous();
+    for (int64_t l = 1; l < L; ++l) {
+      block *= s;
+      const Tensor win = windows[l - 1].contiguous();
+      const Tensor dw = down_w[l - 1].contiguous();
+      const int64_t km1 = win.size(1);
+      Tensor next = at::empty({B, D}, opts);
+      win_out[l - 1] = at::empty({B, km1, D}, opts);
+      conv_last<T>(win.data_ptr<T>(), tok.data_ptr<T>(), dw.data_ptr<T>(),
+                   ptr_or_null<T>(down_b[l - 1]), B, km1, D, next.data_ptr<T>(),
+                   win_out[l - 1].data_ptr<T>());
+      if (pos % block != 0) {  // no new coarse token from here up
+        top = l - 1;
+        break;
+      }
+      // PyTorch's own LayerNorm and GELU (two calls per coarse token, every s^l steps), so that
+      // overflow and NaN come out exactly as in the PyTorch step.
+      const auto opt = [](const Tensor& t) { return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt; };
+      next = at::gelu(at::layer_norm(next, {D}, opt(ln_w[l - 1]), opt(ln_b[l - 1]), ln_eps[l - 1]));
+      Tensor qk = at::empty({B, 2 * D}, opts);  // (B, 2D) = next (B, D) W^T (W is (2D, D))
+      T* pqk = qk.data_ptr<T>();
+      const Tensor cw = coarse_w[l - 1].contiguous();
+      const T* cb = ptr_or_null<T>(coarse_b[l - 1]);
+      for (int64_t b = 0; b < B; ++b) {
+        if (cb) std::copy(cb, cb + 2 * D, pqk + b * 2 * D);
+        else std::fill(pqk + b * 2 * D, pqk + (b + 1) * 2 * D, T(0));
+      }
+      mm<T>(false, true, B, 2 * D, D, T(1), next.data_ptr<T>(), D, cw.data_ptr<T>(), D, T(1), pqk,
+            2 * D);
+      scatter_heads<T>(pqk + D, 2 * D, B, H, d, keys[l].data_ptr<T>(), keys[l].size(2),
+                       pos / block);
+      q_out[l] = at::empty({B, H, d}, opts);
+      scatter_heads<T>(pqk, 2 * D, B, H, d, q_out[l].data_ptr<T>(), 1, 0);
+      tok = next;
+    }
+
+    // Scores against keys 0 .. T0 - 1, summed coarse to fine (level l's rows start as level
+    // l + 1's repeated s times, and the GEMM adds lambda_l q_l . K_l); a level above `top` kept
+    // its query and keys, so its cached sum is reused. Level 0 only needs its first n = pos + 1.
+    std::vector<Tensor> score_out(L);
+    std::vector<Tensor> qs(L);
+    std::vector<bool> fresh(L, true);
+    std::vector<int64_t> Tl(L);
+    Tl[L - 1] = T0;
+    for (int64_t l = 1; l < L; ++l) Tl[L - 1] /= s;
+    for (int64_t l = L - 2; l >= 0; --l) Tl[l] = Tl[l + 1] * s;
+    for (int64_t l = L - 1; l >= 0; --l) {
+      const Tensor& kept = scores[l];
+      const bool above_kept = l == L - 1 || !fresh[l + 1];
+      if (l > top && above_kept && kept.dim() == 3 && kept.size(2) == Tl[l] &&
+          kept.is_contiguous()) {
+        score_out[l] = kept;
+        fresh[l] = false;
+      } else {
+        score_out[l] = at::empty({B, H, l == 0 ? pos + 1 : Tl[l]}, opts);
+        qs[l] = q_out[l].contiguous();
+      }
+    }
+    const int64_t n = pos + 1;
+    Tensor out = at::empty({B, D}, opts);
+    T* po = out.data_ptr<T>();
+    const T* plam = lam.contiguous().data_ptr<T>();
+    const T* pv = values.data_ptr<T>();
+    const int64_t capv = values.size(2);
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, n * d));
+    at::parallel_for(0, B * H, grain, [&](int64_t begin, int64_t end) {
+      std::vector<T> qrow(d);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t h = bh % H;
+        for (int64_t l = L - 1; l >= 0; --l) {
+          if (!fresh[l]) continue;
+          const int64_t cols = l == 0 ? n : Tl[l];
+          T* row = score_out[l].data_ptr<T>() + bh * score_out[l].size(2);
+          if (l + 1 < L) {
+            expand_cols<T>(row, score_out[l + 1].data_ptr<T>() + bh * Tl[l + 1], cols, s);
+          } else {
+            std::fill(row, row + cols, T(0));
+          }
+          const T* q = qs[l].data_ptr<T>() + bh * d;
+          const T w = plam[h * L + l];
+          for (int64_t i = 0; i < d; ++i) qrow[i] = q[i] * w;
+          mm<T>(false, true, 1, cols, d, T(1), qrow.data(), d,
+                keys[l].data_ptr<T>() + bh * keys[l].size(2) * d, d, T(1), row, cols);
+        }
+        T* row = score_out[0].data_ptr<T>() + bh * n;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+        const T sum = exp_sum<T>(row, n, mx);
+        mm<T>(false, false, 1, d, n, T(1) / sum, row, n, pv + bh * capv * d, d, T(0),
+              po + (bh / H) * D + h * d, D);
+      }
+    });
+
+    Tensor conv_out = at::empty({0}, opts);
+    if (hybrid) {  // out = conv + beta (out - conv), the causal conv over V's last k_conv inputs
+      const Tensor win = conv_window.contiguous();
+      const Tensor cw = conv_w.contiguous();
+      const int64_t km1 = win.size(1);
+      Tensor vrow = qkv.narrow(1, 2 * D, D).contiguous();
+      Tensor conv = at::empty({B, D}, opts);
+      conv_out = at::empty({B, km1, D}, opts);
+      conv_last<T>(win.data_ptr<T>(), vrow.data_ptr<T>(), cw.data_ptr<T>(), ptr_or_null<T>(conv_b),
+                   B, km1, D, conv.data_ptr<T>(), conv_out.data_ptr<T>());
+      const T* pc = conv.data_ptr<T>();
+      const T* pb = beta.data_ptr<T>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t c = 0; c < D; ++c) {
+          const int64_t i = b * D + c;
+          po[i] = pc[i] + pb[c] * (po[i] - pc[i]);
+        }
+    }
+
+    result.push_back(out);
+    for (auto& t : q_out) result.push_back(t);
+    for (auto& t : win_out) result.push_back(t);
+    result.push_back(conv_out);
+    result.push_back(at::empty({0}, opts));  // level 0's scores are not kept
+    for (int64_t l = 1; l < L; ++l) result.push_back(score_out[l]);
   });
   return result;
 }
