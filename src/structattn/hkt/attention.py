@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cache import HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
-from .cpu_kernel import cpu_kernel
+from .cpu_kernel import cpu_kernel_for
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import ATTENTION_IMPLS, hkt_attention
 
@@ -56,12 +56,7 @@ def _decode_kernel(x: Tensor):
     """The compiled decoding step for ``x``'s device and dtype (CPU, float32 or float64), or
     None: then the PyTorch step runs (and always while :attr:`HKTAttention.cpp_decode` is
     False)."""
-    if not HKTAttention.cpp_decode or x.device.type != "cpu":
-        return None
-    if x.dtype not in (torch.float32, torch.float64):
-        return None
-    kernel = cpu_kernel()
-    return kernel if kernel is not None and hasattr(kernel, "decode_step") else None
+    return cpu_kernel_for(x) if HKTAttention.cpp_decode else None
 
 
 def _depthwise_last(inputs: Tensor, conv: nn.Conv1d) -> Tensor:
@@ -356,7 +351,7 @@ class HKTAttention(nn.Module):
         if live or params is None or params[0].dtype != x.dtype:
             params = self._decode_params(x.dtype)
             cache.params = None if live else params
-        weight, bias, coarse, w, beta = params[:5]
+        weight, bias, coarse, w, beta = params[:5]  # (a sixth entry: the compiled step's)
         qkv = F.linear(x, weight, bias)  # level 0's Q, K, V: one GEMM
         aligned = one_length(n, n_max)
         if aligned and not torch.is_grad_enabled() and self.attn_drop_p() == 0:
@@ -420,6 +415,8 @@ class HKTAttention(nn.Module):
         call of the compiled step (``csrc/hkt_decode.cpp``, the same updates and sums)."""
         cfg = self.config
         L, s = cfg.n_levels, cfg.stride
+        if len(params) == 5:  # first compiled step of this cache: its arguments, once
+            params = cache.params = (*params, self._kernel_params(params[2], x.dtype))
         w, beta = params[3:5]
         coarse_w, coarse_b, down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b, empty = params[5]
         cache.values = grow(cache.values, T0)
@@ -459,11 +456,8 @@ class HKTAttention(nn.Module):
 
     def _decode_params(self, dtype: torch.dtype) -> tuple:
         """Level 0's Q, K, V weights and biases concatenated, every coarse level's Q and K
-        weights and biases concatenated, the level weights times the score scale ``(H, L)``,
-        beta per channel ``(D,)``, and the compiled step's arguments: the coarse weights and
-        biases as lists, per downsampling level its conv weight ``(D, k)``, conv bias,
-        LayerNorm weight, bias and eps, then the hybrid head's conv weight ``(D, k)`` and bias,
-        and an empty tensor (which stands for every absent one)."""
+        weights and biases concatenated, the level weights times the score scale ``(H, L)``
+        and beta per channel ``(D,)``."""
         cfg = self.config
 
         def fused(group: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
@@ -476,7 +470,15 @@ class HKTAttention(nn.Module):
         coarse = [fused([self.q_proj[l], self.k_proj[l]]) for l in range(1, cfg.n_levels)]
         w = self.level_weights().to(dtype) * (1.0 / math.sqrt(cfg.head_dim))
         beta = self.beta().to(dtype).repeat_interleave(cfg.head_dim)
-        empty = torch.empty(0, dtype=dtype, device=weight.device)
+        return weight, bias, coarse, w, beta
+
+    def _kernel_params(self, coarse: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype):
+        """The compiled step's arguments beyond :meth:`_decode_params`: the coarse weights and
+        biases as lists, per downsampling level its conv weight ``(D, k)``, conv bias,
+        LayerNorm weight, bias and eps, then the hybrid head's conv weight ``(D, k)`` and bias,
+        and an empty tensor (which stands for every absent one)."""
+        hybrid = self.config.hybrid
+        empty = torch.empty(0, dtype=dtype, device=self.v_proj.weight.device)
 
         def vector(t: Tensor | None) -> Tensor:
             return empty if t is None else t.detach().to(dtype).contiguous()
@@ -485,7 +487,7 @@ class HKTAttention(nn.Module):
             return conv.weight.detach()[:, 0, :].to(dtype).contiguous()  # (D, k)
 
         downs = list(self.downsample)
-        kernel_params = (
+        return (
             [c[0] for c in coarse],
             [empty if c[1] is None else c[1] for c in coarse],
             [conv_weight(m.conv.conv) for m in downs],
@@ -493,11 +495,10 @@ class HKTAttention(nn.Module):
             [vector(m.norm.weight) for m in downs],
             [vector(m.norm.bias) for m in downs],
             [float(m.norm.eps) for m in downs],
-            conv_weight(self.conv.conv) if cfg.hybrid else empty,
-            vector(self.conv.conv.bias) if cfg.hybrid else empty,
+            conv_weight(self.conv.conv) if hybrid else empty,
+            vector(self.conv.conv.bias) if hybrid else empty,
             empty,
         )
-        return weight, bias, coarse, w, beta, kernel_params
 
     def _new_coarse_tokens(
         self,

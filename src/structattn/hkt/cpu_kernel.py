@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .blockwise import Backend, blockwise_attention, round_tile
 
-__all__ = ["CPP_BACKEND", "cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error"]
+__all__ = ["CPP_BACKEND", "cpp_hkt_attention", "cpu_kernel", "cpu_kernel_error", "cpu_kernel_for"]
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / "hkt_cpu.cpp", _CSRC / "hkt_decode.cpp", _CSRC / "hkt_conv.cpp"]
@@ -90,6 +90,14 @@ def cpu_kernel() -> ModuleType | None:
                 stacklevel=3,
             )
             return None
+
+
+def cpu_kernel_for(x: Tensor) -> ModuleType | None:
+    """The compiled module when ``x`` is a float32 / float64 CPU tensor (what the compiled
+    decoding step and convolution take), else None (then callers use their PyTorch path)."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    return cpu_kernel()
 
 
 def cpu_kernel_error() -> str | None:

@@ -23,16 +23,11 @@ __all__ = ["CausalDownsample", "CausalDepthwiseConv"]
 def _conv_kernel(x: Tensor):
     """The compiled convolution for ``x`` (CPU, float32 or float64, not under tracing or
     compilation, :attr:`CausalDepthwiseConv.cpp` True), or None."""
-    if not CausalDepthwiseConv.cpp or x.device.type != "cpu":
+    if not CausalDepthwiseConv.cpp or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return None
-    if x.dtype not in (torch.float32, torch.float64):
-        return None
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return None
-    from .cpu_kernel import cpu_kernel
+    from .cpu_kernel import cpu_kernel_for  # (cpu_kernel imports the attention stack)
 
-    kernel = cpu_kernel()
-    return kernel if kernel is not None and hasattr(kernel, "causal_dwconv_forward") else None
+    return cpu_kernel_for(x)
 
 
 class _CompiledCausalConv(torch.autograd.Function):

@@ -318,7 +318,6 @@ def results_table(results: dict[str, Any]) -> str:
             if h["parameters"] and m["parameters"]
             else "-"
         )
-
         diff = f"{r['diff_pp']:+.2f}" if h["test_acc"] and m["test_acc"] else "-"
         lines.append(
             f"| {task} | {data} | {r.get('seq_len') or '-'} "
