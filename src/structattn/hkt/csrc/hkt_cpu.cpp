@@ -93,11 +93,17 @@ struct Rows {
   Ptr row(int64_t i) const { return p + i * ld; }
 };
 
-// 0 for a real key, -inf for a padded one.
+// 0 for a real key, -inf for a padded one; returns whether any key of the tile is padded.
 template <typename T>
-void key_bias_of(const bool* km, int64_t j0, int64_t nj, T* out) {
+bool key_bias_of(const bool* km, int64_t j0, int64_t nj, T* out) {
   const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < nj; ++j) out[j] = (km == nullptr || km[j0 + j]) ? T(0) : ninf;
+  bool padded = false;
+  for (int64_t j = 0; j < nj; ++j) {
+    const bool real = km == nullptr || km[j0 + j];
+    out[j] = real ? T(0) : ninf;
+    padded |= !real;
+  }
+  return padded;
 }
 
 // Per work item, one (query tile, key tile) pair at a time: the fine scores, the coarse scores
@@ -109,7 +115,7 @@ struct CoarseTile {
   std::vector<std::vector<T>> C, G;
   std::vector<int64_t> rows, cols;
   std::vector<T> bias, key_bias;  // (tile_k,): the current row's fused bias, the key padding
-  bool masked = false;
+  bool masked = false;  // the loaded key tile has a padded key
   int64_t nj = 0;
 
   explicit CoarseTile(const Geom& g)
@@ -132,8 +138,7 @@ struct CoarseTile {
     mm<T>(false, true, i1 - i0, nj, g.d, static_cast<T>(g.scale), Q[0].row(i0), Q[0].ld,
           K[0].row(j0), K[0].ld, T(0), fine, nj);
     fold_coarse(g, Q, K, lam_h, i0, i1, j0, j1, keep_raw, bias.data());
-    masked = km != nullptr;
-    key_bias_of(km, j0, nj, key_bias.data());
+    masked = key_bias_of(km, j0, nj, key_bias.data());  // tiles without padding skip the add
   }
 
   // The fused bias of fine row i of the loaded tile; rows are visited in order.
@@ -382,10 +387,10 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
             block_sum<T>(D[l - 1].data(), ct.rows[l - 1], ct.cols[l - 1], g.s, D[l].data(), nc,
                          nr, rowbuf.data());
           }
-          double dl = 0.0;
+          double dl = 0.0;  // per-row dot products (vectorised), summed in double
           const T* Dl = D[l].data();
           const T* Cl = ct.C[l].data();
-          for (int64_t a = 0; a < nr * nc; ++a) dl += Dl[a] * Cl[a];
+          for (int64_t a = 0; a < nr; ++a) dl += dot<T>(Dl + a * nc, Cl + a * nc, nc);
           dlam_acc[l] += dl;
           const T wl = lam_h[l] * static_cast<T>(g.scale);
           const int64_t ci0 = g.c0(l, i0), cj0 = g.c0(l, j0);

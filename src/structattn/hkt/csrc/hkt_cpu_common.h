@@ -97,6 +97,14 @@ inline T ds_dot(T* r, const T* p, const T* f, int64_t n, T delta) {
   return dot;
 }
 
+// sum_j x[j] * y[j] for j < n.
+template <typename T>
+inline T dot(const T* x, const T* y, int64_t n) {
+  T acc = 0;
+  for (int64_t j = 0; j < n; ++j) acc += x[j] * y[j];
+  return acc;
+}
+
 // acc[j] += x[j] for j < n.
 template <typename T>
 inline void add_to(T* acc, const T* x, int64_t n) {
@@ -178,6 +186,18 @@ inline float ds_dot<float>(float* r, const float* p, const float* f, int64_t n, 
     dot += r[j] * f[j];
   }
   return dot;
+}
+
+template <>
+inline float dot<float>(const float* x, const float* y, int64_t n) {
+  const int64_t V = fVec::size();
+  fVec vacc(0.f);
+  int64_t j = 0;
+  for (; j + V <= n; j += V) vacc = at::vec::fmadd(fVec::loadu(x + j), fVec::loadu(y + j), vacc);
+  float acc = 0.f;
+  if (j > 0) acc = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, vacc);
+  for (; j < n; ++j) acc += x[j] * y[j];
+  return acc;
 }
 
 template <>
