@@ -334,12 +334,7 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
     const T lam0 = lam_h[0];
 
     std::vector<T> delta(g.T);
-    for (int64_t i = 0; i < g.T; ++i) {
-      T acc = 0;
-      const T *go = dO.row(i), *o = O.row(i);
-      for (int64_t c = 0; c < g.dv; ++c) acc += go[c] * o[c];
-      delta[i] = acc;
-    }
+    for (int64_t i = 0; i < g.T; ++i) delta[i] = dot<T>(dO.row(i), O.row(i), g.dv);
     CoarseTile<T> ct(g);
     std::vector<std::vector<T>> D(g.L);
     for (int64_t l = 1; l < g.L; ++l) D[l].resize(ct.C[l].size());
