@@ -2,14 +2,21 @@
 // links and the row primitives (float32 vectorised with ATen's Vectorized, float64 plain).
 #pragma once
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(CPU_CAPABILITY)
+#if !defined(CPU_CAPABILITY)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#define CPU_CAPABILITY AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
 #define CPU_CAPABILITY_AVX2
 #define CPU_CAPABILITY AVX2
+#endif
 #endif
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
@@ -126,7 +133,7 @@ inline float axpy_max<float>(float* x, const float* e, int64_t n, float w) {
   float mx = -std::numeric_limits<float>::infinity();
   if (j > 0) {
     mx = at::vec::vec_reduce_all<float>(
-        [](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vmax);
+        [](const fVec& a, const fVec& b) { return at::vec::maximum(a, b); }, vmax);
   }
   for (; j < n; ++j) {
     x[j] = w * x[j] + e[j];
@@ -147,7 +154,7 @@ inline float exp_sum<float>(float* x, int64_t n, float shift) {
   }
   float sum = 0.f;
   if (j > 0) {
-    sum = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, vsum);
+    sum = at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, vsum);
   }
   for (; j < n; ++j) {
     x[j] = std::exp(x[j] - shift);
@@ -180,7 +187,7 @@ inline float ds_dot<float>(float* r, const float* p, const float* f, int64_t n, 
     vdot = at::vec::fmadd(ds, fVec::loadu(f + j), vdot);
   }
   float dot = 0.f;
-  if (j > 0) dot = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, vdot);
+  if (j > 0) dot = at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, vdot);
   for (; j < n; ++j) {
     r[j] = p[j] * (r[j] - delta);
     dot += r[j] * f[j];
@@ -195,7 +202,7 @@ inline float dot<float>(const float* x, const float* y, int64_t n) {
   int64_t j = 0;
   for (; j + V <= n; j += V) vacc = at::vec::fmadd(fVec::loadu(x + j), fVec::loadu(y + j), vacc);
   float acc = 0.f;
-  if (j > 0) acc = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, vacc);
+  if (j > 0) acc = at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, vacc);
   for (; j < n; ++j) acc += x[j] * y[j];
   return acc;
 }
