@@ -6,9 +6,9 @@
   (4 layers, width 128, 4 heads) with HKT attention against its MHA twin.
 
 Each reports medians, the HKT/MHA ratio measured in the same run, peak tensor memory, and where
-the time goes: one profiled call per model, operator self-times grouped into buckets (the
-attention kernel, GEMMs, convolutions, copies, norms and activations, other elementwise work,
-the optimiser, the rest).
+the time goes: operator self-times grouped into buckets (the attention kernel, GEMMs,
+convolutions, copies, norms and activations, other elementwise work, the optimiser, the rest),
+the mean of a few profiled calls per model, alternating.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ BUCKETS = [
 ]
 
 
+#: Profiled calls per model, averaged for the "where the time goes" tables.
+PROFILE_CALLS = 3
+
+
 def bucket_of(name: str) -> str:
     for bucket, keys in BUCKETS:
         if any(k in name for k in keys):
@@ -63,6 +67,19 @@ def profile_buckets(fn: Callable[[], None]) -> dict[str, float]:
         out[key] = out.get(key, 0.0) + evt.self_cpu_time_total / 1e3
     out["total"] = sum(out.values())
     return out
+
+
+def mean_profiles(
+    fns: dict[str, Callable[[], None]], calls: int = PROFILE_CALLS
+) -> dict[str, dict[str, float]]:
+    """:func:`profile_buckets` of each function averaged over ``calls`` calls, alternating
+    between the functions (one call's buckets move by a fifth or more between calls here)."""
+    sums: dict[str, dict[str, float]] = {name: {} for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            for key, ms in profile_buckets(fn).items():
+                sums[name][key] = sums[name].get(key, 0.0) + ms
+    return {name: {k: v / calls for k, v in s.items()} for name, s in sums.items()}
 
 
 def _timed(fn: Callable[[], None]) -> float:
@@ -89,11 +106,12 @@ def _compare(
         for name, fn in fns.items():
             times[name].append(_timed(fn))
     row: dict[str, object] = {}
+    profiles = mean_profiles(fns)
     for name, fn in fns.items():
         row[f"{name}_ms"] = 1e3 * statistics.median(times[name])
         row[f"{name}_ms_all"] = [1e3 * t for t in times[name]]
         row[f"{name}_peak_mib"] = _peak_mib(fn)
-        row[f"{name}_profile_ms"] = profile_buckets(fn)
+        row[f"{name}_profile_ms"] = profiles[name]
     row["time_ratio"] = row["hkt_ms"] / row["mha_ms"]
     row["mem_ratio"] = row["hkt_peak_mib"] / row["mha_peak_mib"]
     return row
@@ -198,7 +216,8 @@ def to_markdown(section: str, rows: list[dict], target: float, mem_target: float
     for r in rows:
         lines += [
             "",
-            f"Where the time goes at T = {r['T']} (profiled call, operator self time, ms):",
+            f"Where the time goes at T = {r['T']} (operator self time, ms, mean of "
+            f"{PROFILE_CALLS} profiled calls per model):",
             "",
             "| bucket | HKT | MHA | HKT - MHA |",
             "|---|---:|---:|---:|",

@@ -122,3 +122,27 @@ def test_decode_benchmark_runs_and_reports_ratios(tmp_path, capsys):
         assert row["torch_step_ratio"] == pytest.approx(torch_step)
         # HKT's cache holds (1 + 1/2 + 1/4) key rows per value row, plus its small windows
         assert 1.3 < row["cache_ratio"] < 1.6
+
+
+def test_profiles_are_averaged_over_alternating_calls(monkeypatch):
+    """The "where the time goes" buckets are the mean of several profiled calls per model,
+    taken in turn (one call's buckets move by a fifth or more on a shared machine)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import layer_step
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    order = []
+
+    def fake_profile(fn):
+        fn()
+        n = len(order)
+        return {"GEMM (projections, MLP)": float(n), "total": 10.0 * n}
+
+    monkeypatch.setattr(layer_step, "profile_buckets", fake_profile)
+    out = layer_step.mean_profiles(
+        {"hkt": lambda: order.append("hkt"), "mha": lambda: order.append("mha")}, calls=3
+    )
+    assert order == ["hkt", "mha"] * 3
+    assert out["hkt"] == {"GEMM (projections, MLP)": (1 + 3 + 5) / 3, "total": 10 * 3.0}
+    assert out["mha"] == {"GEMM (projections, MLP)": (2 + 4 + 6) / 3, "total": 10 * 4.0}
