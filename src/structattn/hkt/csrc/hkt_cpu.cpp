@@ -14,7 +14,8 @@
 //
 // Shapes: q[l], k[l] (B, H, T_l, d) contiguous; v (B, H, T, dv); lam (H, L); key_mask (B, T)
 // bool (True = real token). Tiles are multiples of s^(L-1), so a coarse block never straddles
-// two tiles. float32 is vectorised (AVX2 exp when the compiler targets it); float64 is scalar.
+// two tiles. float32 is vectorised (ATen's AVX-512 or AVX2 vectors, whichever the compiler
+// targets); float64 is scalar.
 #include "hkt_cpu_common.h"
 
 namespace {
