@@ -111,7 +111,7 @@ def test_cpp_reads_strided_heads_without_copies(causal, gap):
 @pytest.mark.parametrize(("T", "n_levels", "stride"), [(1, 3, 2), (37, 3, 2), (300, 3, 2),
                                                        (97, 2, 3), (130, 4, 2)])  # fmt: skip
 def test_cpp_float32_matches_float64_reference(T, n_levels, stride, causal):
-    """The vectorised float32 code (AVX2 exp, row lengths not multiples of the vector width)
+    """The vectorised float32 code (AVX-512 or AVX2, row lengths not multiples of the vector width)
     stays within float32 rounding of the float64 reference, like the SDPA fast path does."""
     require("fused_cpp")
     q, k, v, theta, mask = make_inputs(T, n_levels, stride, d=16, d_v=8, padded=True, seed=7)

@@ -120,6 +120,15 @@ inline void add_to(T* acc, const T* x, int64_t n) {
 
 using fVec = at::vec::Vectorized<float>;
 
+// Horizontal sum and maximum of a vector's lanes.
+inline float hsum(const fVec& v) {
+  return at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, v);
+}
+inline float hmax(const fVec& v) {
+  return at::vec::vec_reduce_all<float>(
+      [](const fVec& a, const fVec& b) { return at::vec::maximum(a, b); }, v);
+}
+
 template <>
 inline float axpy_max<float>(float* x, const float* e, int64_t n, float w) {
   const int64_t V = fVec::size();
@@ -132,8 +141,7 @@ inline float axpy_max<float>(float* x, const float* e, int64_t n, float w) {
   }
   float mx = -std::numeric_limits<float>::infinity();
   if (j > 0) {
-    mx = at::vec::vec_reduce_all<float>(
-        [](const fVec& a, const fVec& b) { return at::vec::maximum(a, b); }, vmax);
+    mx = hmax(vmax);
   }
   for (; j < n; ++j) {
     x[j] = w * x[j] + e[j];
@@ -154,7 +162,7 @@ inline float exp_sum<float>(float* x, int64_t n, float shift) {
   }
   float sum = 0.f;
   if (j > 0) {
-    sum = at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, vsum);
+    sum = hsum(vsum);
   }
   for (; j < n; ++j) {
     x[j] = std::exp(x[j] - shift);
@@ -186,13 +194,12 @@ inline float ds_dot<float>(float* r, const float* p, const float* f, int64_t n, 
     ds.store(r + j);
     vdot = at::vec::fmadd(ds, fVec::loadu(f + j), vdot);
   }
-  float dot = 0.f;
-  if (j > 0) dot = at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, vdot);
+  float acc = j > 0 ? hsum(vdot) : 0.f;
   for (; j < n; ++j) {
     r[j] = p[j] * (r[j] - delta);
-    dot += r[j] * f[j];
+    acc += r[j] * f[j];
   }
-  return dot;
+  return acc;
 }
 
 template <>
@@ -201,8 +208,7 @@ inline float dot<float>(const float* x, const float* y, int64_t n) {
   fVec vacc(0.f);
   int64_t j = 0;
   for (; j + V <= n; j += V) vacc = at::vec::fmadd(fVec::loadu(x + j), fVec::loadu(y + j), vacc);
-  float acc = 0.f;
-  if (j > 0) acc = at::vec::vec_reduce_all<float>([](const fVec& a, const fVec& b) { return a + b; }, vacc);
+  float acc = j > 0 ? hsum(vacc) : 0.f;
   for (; j < n; ++j) acc += x[j] * y[j];
   return acc;
 }

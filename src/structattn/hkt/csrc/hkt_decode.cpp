@@ -150,7 +150,9 @@ std::vector<Tensor> hkt_decode_step(
       }
       // PyTorch's own LayerNorm and GELU (two calls per coarse token, every s^l steps), so that
       // overflow and NaN come out exactly as in the PyTorch step.
-      const auto opt = [](const Tensor& t) { return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt; };
+      const auto opt = [](const Tensor& t) {
+        return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt;
+      };
       next = at::gelu(at::layer_norm(next, {D}, opt(ln_w[l - 1]), opt(ln_b[l - 1]), ln_eps[l - 1]));
       Tensor qk = at::empty({B, 2 * D}, opts);  // (B, 2D) = next (B, D) W^T (W is (2D, D))
       T* pqk = qk.data_ptr<T>();
