@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
+from .cache import DecodeWeights, HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
 from .cpu_kernel import cpu_kernel_for
 from .downsample import CausalDepthwiseConv, CausalDownsample
 from .functional import ATTENTION_IMPLS, hkt_attention
@@ -348,16 +348,16 @@ class HKTAttention(nn.Module):
         # these parameters too), and every step while a gradient may flow to them.
         live = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         params = cache.params
-        if live or params is None or params[0].dtype != x.dtype:
+        if live or params is None or params.weight.dtype != x.dtype:
             params = self._decode_params(x.dtype)
             cache.params = None if live else params
-        weight, bias, coarse, w, beta = params[:5]  # (a sixth entry: the compiled step's)
-        qkv = F.linear(x, weight, bias)  # level 0's Q, K, V: one GEMM
+        qkv = F.linear(x, params.weight, params.bias)  # level 0's Q, K, V: one GEMM
         aligned = one_length(n, n_max)
         if aligned and not torch.is_grad_enabled() and self.attn_drop_p() == 0:
             kernel = _decode_kernel(x)
             if kernel is not None:
                 return self._step_cpp(kernel, x, qkv, cache, n, n_max - 1, T0, params)
+        coarse, w, beta = params.coarse, params.w, params.beta
         q0, k0, v = qkv.split(D, dim=-1)
         values = grow(cache.values, T0)
         if aligned:
@@ -409,16 +409,17 @@ class HKTAttention(nn.Module):
         n: Tensor,
         pos: int,
         T0: int,
-        params: tuple,
+        params: DecodeWeights,
     ) -> Tensor:
         """:meth:`_step` for sequences at one position, without gradients or dropout, as one
         call of the compiled step (``csrc/hkt_decode.cpp``, the same updates and sums)."""
         cfg = self.config
         L, s = cfg.n_levels, cfg.stride
-        if len(params) == 5:  # first compiled step of this cache: its arguments, once
-            params = cache.params = (*params, self._kernel_params(params[2], x.dtype))
-        w, beta = params[3:5]
-        coarse_w, coarse_b, down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b, empty = params[5]
+        if params.kernel_args is None:  # first compiled step with these weights: once
+            params.kernel_args = self._kernel_params(params.coarse, x.dtype)
+        coarse_w, coarse_b, down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b, empty = (
+            params.kernel_args
+        )
         cache.values = grow(cache.values, T0)
         cache.keys = [grow(t, T0 // s**l) for l, t in enumerate(cache.keys)]
         hybrid = cache.conv_window is not None
@@ -441,8 +442,8 @@ class HKTAttention(nn.Module):
             ln_w,
             ln_b,
             eps,
-            w,
-            beta if hybrid else empty,
+            params.w,
+            params.beta if hybrid else empty,
             conv_w,
             conv_b,
         )
@@ -454,7 +455,7 @@ class HKTAttention(nn.Module):
         cache.lengths = n
         return self.out_dropout(self.o_proj(out[0]))
 
-    def _decode_params(self, dtype: torch.dtype) -> tuple:
+    def _decode_params(self, dtype: torch.dtype) -> DecodeWeights:
         """Level 0's Q, K, V weights and biases concatenated, every coarse level's Q and K
         weights and biases concatenated, the level weights times the score scale ``(H, L)``
         and beta per channel ``(D,)``."""
@@ -470,7 +471,7 @@ class HKTAttention(nn.Module):
         coarse = [fused([self.q_proj[l], self.k_proj[l]]) for l in range(1, cfg.n_levels)]
         w = self.level_weights().to(dtype) * (1.0 / math.sqrt(cfg.head_dim))
         beta = self.beta().to(dtype).repeat_interleave(cfg.head_dim)
-        return weight, bias, coarse, w, beta
+        return DecodeWeights(weight, bias, coarse, w, beta)
 
     def _kernel_params(self, coarse: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype):
         """The compiled step's arguments beyond :meth:`_decode_params`: the coarse weights and

@@ -33,6 +33,7 @@ from torch import Tensor
 from .functional import is_right_padded
 
 __all__ = [
+    "DecodeWeights",
     "HKTLayerCache",
     "KVLayerCache",
     "LMCache",
@@ -118,6 +119,18 @@ class KVLayerCache:
 
 
 @dataclass
+class DecodeWeights:
+    """An HKT layer's weights in the form its decoding step uses, made from its parameters."""
+
+    weight: Tensor  # (3D, D) level 0's Q, K, V weights concatenated
+    bias: Tensor | None  # (3D,) their biases (None: no bias)
+    coarse: list[tuple[Tensor, Tensor | None]]  # per level >= 1: its Q and K (weight, bias)
+    w: Tensor  # (H, L) level weights times the score scale
+    beta: Tensor  # (D,) attention share of the hybrid head per channel
+    kernel_args: tuple | None = None  # the compiled step's further arguments, made at its first
+
+
+@dataclass
 class HKTLayerCache:
     """Everything one causal :class:`~structattn.hkt.HKTAttention` layer needs to decode the next
     token exactly (see the module docstring)."""
@@ -132,7 +145,7 @@ class HKTLayerCache:
     # (level 0 always is; filled by the decoding steps)
     scores: list[Tensor | None]
     # the layer's concatenated decoding weights, made from its parameters at the first step
-    params: tuple | None = None
+    params: DecodeWeights | None = None
 
     def select(self, index: Tensor) -> None:
         pick = lambda t: t.index_select(0, index)  # noqa: E731

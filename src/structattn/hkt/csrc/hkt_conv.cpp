@@ -15,13 +15,20 @@ namespace {
 
 using at::Tensor;
 
+// w (D, k) transposed to (k, D): the channels of one tap contiguous, as the loops read them.
+template <typename T>
+std::vector<T> taps_major(const T* w, int64_t D, int64_t k) {
+  std::vector<T> wt(k * D);
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t c = 0; c < D; ++c) wt[j * D + c] = w[c * k + j];
+  return wt;
+}
+
 template <typename T>
 void conv_forward(const T* x, int64_t sb, int64_t st, const T* w, const T* bias, int64_t B,
                   int64_t T_in, int64_t T_out, int64_t D, int64_t k, int64_t s, T* y) {
+  const std::vector<T> wt = taps_major(w, D, k);
   at::parallel_for(0, B * T_out, 64, [&](int64_t begin, int64_t end) {
-    std::vector<T> wt(k * D);  // w transposed to (k, D): contiguous per tap
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t c = 0; c < D; ++c) wt[j * D + c] = w[c * k + j];
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / T_out, o = r % T_out;
       T* yr = y + r * D;
@@ -45,10 +52,8 @@ template <typename T>
 void conv_backward(const T* x, int64_t sb, int64_t st, const T* w, const T* gy, int64_t B,
                    int64_t T_in, int64_t T_out, int64_t D, int64_t k, int64_t s, T* gx, T* gw,
                    T* gb) {
+  const std::vector<T> wt = taps_major(w, D, k);
   at::parallel_for(0, B * T_in, 64, [&](int64_t begin, int64_t end) {
-    std::vector<T> wt(k * D);
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t c = 0; c < D; ++c) wt[j * D + c] = w[c * k + j];
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / T_in, t = r % T_in;
       T* gr = gx + r * D;

@@ -131,6 +131,9 @@ std::vector<Tensor> hkt_decode_step(
     q_out[0] = at::empty({B, H, d}, opts);
     scatter_heads<T>(xq, 3 * D, B, H, d, q_out[0].data_ptr<T>(), 1, 0);
 
+    const auto opt = [](const Tensor& t) {  // an empty tensor stands for an absent one
+      return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt;
+    };
     // Coarse levels: level l gets a token where pos % s^l == 0, from level l - 1's last inputs.
     int64_t top = L - 1, block = 1;
     Tensor tok = x.contiguous();
@@ -150,9 +153,6 @@ std::vector<Tensor> hkt_decode_step(
       }
       // PyTorch's own LayerNorm and GELU (two calls per coarse token, every s^l steps), so that
       // overflow and NaN come out exactly as in the PyTorch step.
-      const auto opt = [](const Tensor& t) {
-        return t.numel() ? c10::optional<Tensor>(t) : c10::nullopt;
-      };
       next = at::gelu(at::layer_norm(next, {D}, opt(ln_w[l - 1]), opt(ln_b[l - 1]), ln_eps[l - 1]));
       Tensor qk = at::empty({B, 2 * D}, opts);  // (B, 2D) = next (B, D) W^T (W is (2D, D))
       T* pqk = qk.data_ptr<T>();
@@ -178,8 +178,7 @@ std::vector<Tensor> hkt_decode_step(
     std::vector<Tensor> qs(L);
     std::vector<bool> fresh(L, true);
     std::vector<int64_t> Tl(L);
-    Tl[L - 1] = T0;
-    for (int64_t l = 1; l < L; ++l) Tl[L - 1] /= s;
+    Tl[L - 1] = T0 / span;
     for (int64_t l = L - 2; l >= 0; --l) Tl[l] = Tl[l + 1] * s;
     for (int64_t l = L - 1; l >= 0; --l) {
       const Tensor& kept = scores[l];
