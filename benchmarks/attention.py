@@ -116,10 +116,10 @@ class Args:
 def _fused_paths(device: str) -> list[str]:
     """The blockwise kernels that can run here (building the C++ kernel if needed)."""
     if device == "cpu":
-        from structattn.hkt.cpu_kernel import cpu_kernel
+        from structattn.hkt.kernels.extension import cpu_kernel
 
         return ["fused_cpp"] if cpu_kernel() is not None else []
-    from structattn.hkt.triton_kernel import triton_available
+    from structattn.hkt.kernels.fused_triton import triton_available
 
     return ["fused_triton"] if triton_available() else []
 

@@ -6,7 +6,7 @@ decode ``--new-tokens`` tokens one at a time. Reported, as medians with HKT/MHA 
 in the same run (the two models alternate call by call):
 
 * per-token decoding time and tokens/s; HKT twice: its default step (one compiled call per
-  layer on the CPU) and the PyTorch step (``HKTAttention.cpp_decode = False``, the readable
+  layer on the CPU) and the PyTorch step (``use_compiled_step(False)``, the readable
   reference), both against the same MHA model, whose step is PyTorch operations (a key/value
   cache written in place, softmax and two GEMVs: what a PyTorch decoder does);
 * cache bytes in use after the prefill (HKT keys at every level + V, against MHA's K + V);
@@ -31,7 +31,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from structattn.hkt import CausalLM, HKTAttention, ModelConfig
+from structattn.hkt import CausalLM, ModelConfig, use_compiled_step
 
 
 def build(attention: str, args, max_len: int) -> CausalLM:
@@ -59,12 +59,8 @@ def timed(fn, *args, **kwargs) -> float:
 def hkt_step(name: str):
     """The HKT decoding step that ``name`` measures: the PyTorch one for ``hkt_torch``, else
     the default (compiled where available)."""
-    saved = HKTAttention.cpp_decode
-    HKTAttention.cpp_decode = saved and name != "hkt_torch"
-    try:
+    with use_compiled_step(name != "hkt_torch"):
         yield
-    finally:
-        HKTAttention.cpp_decode = saved
 
 
 @torch.inference_mode()

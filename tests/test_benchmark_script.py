@@ -52,7 +52,7 @@ def test_tiny_benchmark_writes_outputs(tmp_path, capsys):
     # The materialised reference allocates more than the O(T) fast path.
     assert rows[1]["hkt_ref_peak_mib"] > rows[1]["hkt_sdpa_peak_mib"]
     # Every exact O(T) path is a column; the tile loop and the reference are capped by T.
-    from structattn.hkt.cpu_kernel import cpu_kernel
+    from structattn.hkt.kernels.extension import cpu_kernel
 
     if cpu_kernel() is not None:
         assert all("hkt_fused_cpp_ratio" in r for r in rows)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from structattn.hkt import CausalLM, ModelConfig
-from structattn.hkt.cache import HKTLayerCache, KVLayerCache, LMCache
+from structattn.hkt.decoding.cache import HKTLayerCache, KVLayerCache, LMCache
 
 VOCAB = 31
 
@@ -285,19 +285,20 @@ def test_compiled_decode_step_equals_full_forward(n_levels, stride, kernel, hybr
     """Without gradients and with every sequence at one position, the steps run the compiled
     step (counted here); prefill + steps still equal the full forward at every position, and
     the caches they leave equal the PyTorch step's."""
-    from structattn.hkt import attention as attention_module
-    from structattn.hkt.cpu_kernel import cpu_kernel
+    from structattn.hkt import use_compiled_step
+    from structattn.hkt.decoding import step as step_module
+    from structattn.hkt.kernels.extension import cpu_kernel
 
     if cpu_kernel() is None:
         pytest.skip("the C++ kernel could not be built here")
     calls = []
-    real = attention_module.HKTAttention._step_cpp
+    real = step_module.step_cpp
 
-    def counted(self, *args):
+    def counted(*args):
         calls.append(1)
-        return real(self, *args)
+        return real(*args)
 
-    monkeypatch.setattr(attention_module.HKTAttention, "_step_cpp", counted)
+    monkeypatch.setattr(step_module, "step_cpp", counted)
     model = make_lm("hkt", n_levels, stride, kd=kernel, kc=5 - kernel, hybrid=hybrid)
     for lens in ([8, 8], [11], [5, 5]):
         with torch.no_grad():
@@ -309,9 +310,8 @@ def test_compiled_decode_step_equals_full_forward(n_levels, stride, kernel, hybr
     text = torch.randint(1, VOCAB, (2, 30), generator=torch.Generator().manual_seed(5))
     caches = []
     for compiled in (True, False):
-        monkeypatch.setattr(attention_module.HKTAttention, "cpp_decode", compiled)
         cache = model.new_cache()
-        with torch.no_grad():
+        with torch.no_grad(), use_compiled_step(compiled):
             model(text[:, :7], cache=cache)
             for t in range(7, 30):
                 model(text[:, t : t + 1], cache=cache)
@@ -331,24 +331,25 @@ def test_compiled_decode_step_equals_full_forward(n_levels, stride, kernel, hybr
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e300])
-def test_compiled_step_treats_odd_input_like_the_pytorch_step(bad, monkeypatch):
+def test_compiled_step_treats_odd_input_like_the_pytorch_step(bad):
     """NaN, inf or huge values in one step's input: the compiled step gives what the PyTorch
     step gives (NaN where it has NaN), and the steps after it too."""
     from structattn.hkt import attention as attention_module
     from structattn.hkt.attention import EMPTY
-    from structattn.hkt.cpu_kernel import cpu_kernel
+    from structattn.hkt.kernels.extension import cpu_kernel
 
     if cpu_kernel() is None:
         pytest.skip("the C++ kernel could not be built here")
     torch.manual_seed(0)
     cfg = attention_module.HKTConfig(d_model=8, n_heads=2, n_levels=3, stride=2)
-    layer = attention_module.HKTAttention(cfg).double().eval()
+    compiled_layer = attention_module.HKTAttention(cfg).double().eval()
     x = torch.randn(2, 20, 8, dtype=torch.float64)
     x[:, 9, 3] = bad  # read by the coarse tokens made at positions 10 and 12
     x[1, 12, 0] = bad
+    torch_layer = attention_module.HKTAttention(cfg, cpp_decode=False).double().eval()
+    torch_layer.load_state_dict(compiled_layer.state_dict())  # the same weights
     outs = []
-    for compiled in (True, False):
-        monkeypatch.setattr(attention_module.HKTAttention, "cpp_decode", compiled)
+    for layer in (compiled_layer, torch_layer):
         with torch.no_grad():
             _, cache = layer(x[:, :7], cache=EMPTY)
             outs.append(

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from structattn.hkt import hkt_attention, hkt_cost, hkt_scores, level_lengths
-from structattn.hkt.cpu_kernel import cpu_kernel
+from structattn.hkt.kernels.extension import cpu_kernel
 
 LENGTHS = (1, 2, 37, 97, 1025)
 #: the exact O(T)-memory paths checked against the reference on every CPU test below (the Triton
@@ -355,7 +355,7 @@ def test_strides_longer_than_the_sequence_stay_exact_and_small(stride, T, n_leve
 
 
 def test_the_blockwise_tile_never_exceeds_the_sequence_for_long_strides():
-    from structattn.hkt.blockwise import effective_levels, round_tile
+    from structattn.hkt.levels import effective_levels, round_tile
 
     assert effective_levels(128, 3, 100) == 2 and round_tile(128, 2, 100) == 200
     assert effective_levels(50, 3, 1000) == 1 and round_tile(50, 1, 1000) == 50

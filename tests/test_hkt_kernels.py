@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from test_hkt_functional import make_inputs, require
 
-from structattn.hkt import cpu_kernel as ck
 from structattn.hkt import hkt_attention
-from structattn.hkt.functional import ATTENTION_IMPLS
+from structattn.hkt.interface import ATTENTION_IMPLS
+from structattn.hkt.kernels import extension as ext
+from structattn.hkt.kernels import fused_cpp as ck
 
 
 def _run(fn, q, k, v, theta, mask, stride, causal, **kw):
@@ -160,7 +161,7 @@ def test_cpp_kernel_checks_shapes_itself():
     require("fused_cpp")
     q, k, v, theta, _ = make_inputs(20, 3, 2)
     lam = torch.softmax(theta, -1)
-    mod = ck.cpu_kernel()
+    mod = ext.cpu_kernel()
     args = (None, True, 2, 0.5, 4, 4)
     mod.forward(q, k, v, lam, *args)  # the valid call
     bad_q = [q[0], q[1], q[2][:, :, :-1].contiguous()]
@@ -182,10 +183,10 @@ def test_import_never_builds_the_kernel():
         "calls = []\n"
         "ce.load = lambda *a, **k: calls.append(k.get('name')) or (_ for _ in ()).throw("
         "RuntimeError('build attempted'))\n"
-        "import structattn, structattn.hkt, structattn.hkt.functional, structattn.hkt.model\n"
+        "import structattn, structattn.hkt, structattn.hkt.interface, structattn.hkt.model\n"
         "import structattn.train, structattn.cli\n"
         "assert calls == [], calls\n"
-        "from structattn.hkt.cpu_kernel import _state\n"
+        "from structattn.hkt.kernels.extension import _state\n"
         "assert _state == {}, _state\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -194,9 +195,9 @@ def test_import_never_builds_the_kernel():
 @pytest.fixture
 def no_kernel(monkeypatch):
     """A machine without a compiler: the kernel state reset, CXX pointing nowhere."""
-    monkeypatch.setattr(ck, "_state", {})
+    monkeypatch.setattr(ext, "_state", {})
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    return ck
+    return ext
 
 
 def test_without_compiler_fused_and_auto_fall_back_with_one_warning(no_kernel):
@@ -227,7 +228,7 @@ def test_auto_and_fused_pick_the_cpp_kernel_on_cpu(monkeypatch):
         calls.append(1)
         return real(*args, **kwargs)
 
-    import structattn.hkt.functional as fn
+    import structattn.hkt.interface as fn
 
     monkeypatch.setitem(fn.ATTENTION_IMPLS, "fused_cpp", spy)
     q, k, v, theta, _ = make_inputs(20, 3, 2)
@@ -272,7 +273,7 @@ TRITON_CASES = [  # (T, L, s, causal, padded, dtype)
 @pytest.mark.parametrize(("T", "n_levels", "stride", "causal", "padded", "dtype"), TRITON_CASES)
 def test_triton_matches_reference(interpreter, T, n_levels, stride, causal, padded, dtype):
     """Tiles of 16-32 rows (several per sequence, the last ragged), forward and backward."""
-    from structattn.hkt.triton_kernel import triton_hkt_attention
+    from structattn.hkt.kernels.fused_triton import triton_hkt_attention
 
     q, k, v, theta, mask = make_inputs(T, n_levels, stride, d=8, d_v=5, padded=padded, seed=T)
     ref_out, ref_grads = _reference(q, k, v, theta, mask, stride, causal)
@@ -318,7 +319,7 @@ def test_triton_refuses_what_it_does_not_support(interpreter, monkeypatch):
         hkt_attention(q, k, v, lam, stride=3, impl="fused_triton")
     q, k, v, theta, _ = make_inputs(12, 2, 2)
     with pytest.raises(ValueError, match="multiple of"):
-        from structattn.hkt.triton_kernel import triton_hkt_attention
+        from structattn.hkt.kernels.fused_triton import triton_hkt_attention
 
         triton_hkt_attention(q, k, v, torch.softmax(theta, -1), 2, True, None, 0.5, 0.0, block=24)
 

@@ -240,7 +240,7 @@ def test_causal_depthwise_conv_is_the_left_padded_conv1d(T, stride, kernel, path
     import torch.nn.functional as F
 
     from structattn.hkt import CausalDepthwiseConv
-    from structattn.hkt.cpu_kernel import cpu_kernel
+    from structattn.hkt.kernels.extension import cpu_kernel
 
     if path == "compiled" and cpu_kernel() is None:
         pytest.skip("the C++ kernel could not be built here")
@@ -274,7 +274,7 @@ def test_compiled_conv_runs_where_expected_and_keeps_nan(monkeypatch):
     ``cpp=False`` use conv2d; NaN and inf inputs give what conv2d gives."""
     from structattn.hkt import CausalDepthwiseConv
     from structattn.hkt import downsample as ds
-    from structattn.hkt.cpu_kernel import cpu_kernel
+    from structattn.hkt.kernels.extension import cpu_kernel
 
     if cpu_kernel() is None:
         pytest.skip("the C++ kernel could not be built here")

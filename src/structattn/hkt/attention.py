@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import DecodeWeights, HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
-from .cpu_kernel import cpu_kernel_for
+from .decoding.cache import HKTLayerCache
+from .decoding.step import decode, prefill
 from .downsample import CausalDepthwiseConv, CausalDownsample
-from .functional import ATTENTION_IMPLS, hkt_attention
+from .interface import ATTENTION_IMPLS, hkt_attention
 
 __all__ = ["EMPTY", "HKTConfig", "HKTAttention"]
 
@@ -41,30 +41,6 @@ class _EmptySlot:
 
 #: Pass as ``cache=`` to a layer to run the prompt and get a new cache back.
 EMPTY = _EmptySlot()
-
-
-def _tail(x: Tensor, lengths: Tensor, width: int) -> Tensor:
-    """Rows ``lengths[b] - width .. lengths[b] - 1`` of ``x[b]`` (zeros before row 0):
-    ``x (B, T, D) -> (B, width, D)``."""
-    B, T, D = x.shape
-    idx = lengths[:, None] - width + torch.arange(width, device=x.device)  # (B, width)
-    rows = x.gather(1, idx.clamp(0, max(T - 1, 0))[..., None].expand(B, width, D))
-    return rows.masked_fill((idx < 0)[..., None], 0.0)
-
-
-def _decode_kernel(x: Tensor):
-    """The compiled decoding step for ``x``'s device and dtype (CPU, float32 or float64), or
-    None: then the PyTorch step runs (and always while :attr:`HKTAttention.cpp_decode` is
-    False)."""
-    return cpu_kernel_for(x) if HKTAttention.cpp_decode else None
-
-
-def _depthwise_last(inputs: Tensor, conv: nn.Conv1d) -> Tensor:
-    """The causal depthwise convolution's output for the last of ``inputs (B, k, D)``, which
-    hold the inputs ``t - k + 1 .. t`` it reads: ``(B, D)``."""
-    w = conv.weight[:, 0, :].transpose(0, 1)  # (k, D)
-    out = (inputs * w).sum(1)
-    return out if conv.bias is None else out + conv.bias
 
 
 @dataclass
@@ -133,6 +109,11 @@ class HKTAttention(nn.Module):
 
     Args:
         config: an :class:`HKTConfig`.
+        cpp_decode: decoding steps without gradients or dropout, every sequence at one
+            position, run the compiled step (``kernels/csrc/hkt_decode.cpp``) on the CPU in
+            float32 / float64 (default True); False: always the PyTorch step (the reference the
+            compiled one is tested against). See also
+            :func:`~structattn.hkt.decoding.use_compiled_step`.
 
     Forward:
         x: ``(B, T, D)``.
@@ -143,14 +124,10 @@ class HKTAttention(nn.Module):
     Returns ``(B, T, D)``.
     """
 
-    #: Decoding steps without gradients or dropout, every sequence at one position, run the
-    #: compiled step (``csrc/hkt_decode.cpp``) on the CPU in float32 / float64; False: always
-    #: the PyTorch step (the reference the compiled one is tested against).
-    cpp_decode: bool = True
-
-    def __init__(self, config: HKTConfig):
+    def __init__(self, config: HKTConfig, *, cpp_decode: bool = True):
         super().__init__()
         self.config = config
+        self.cpp_decode = bool(cpp_decode)
         D, H, L = config.d_model, config.n_heads, config.n_levels
         self.downsample = nn.ModuleList(
             CausalDownsample(D, config.downsample_kernel, config.stride) for _ in range(L - 1)
@@ -230,7 +207,7 @@ class HKTAttention(nn.Module):
         if cache is not None and not cfg.causal:
             raise ValueError("a bidirectional HKT layer cannot decode (causal=False)")
         if isinstance(cache, HKTLayerCache):
-            return self._decode(x, cache), cache
+            return decode(self, x, cache), cache
         if T == 0:  # an empty sequence: an empty output, connected to the parameters
             if cache is not None:
                 raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
@@ -255,7 +232,7 @@ class HKTAttention(nn.Module):
             y = y.masked_fill(~key_padding_mask[..., None], 0.0)
         if cache is None:
             return y
-        return y, self._prefill(xs, q, k, v_flat, key_padding_mask)
+        return y, prefill(self, xs, q, k, v_flat, key_padding_mask)
 
     def _project(self, xs: list[Tensor]) -> tuple[list[Tensor], list[Tensor], Tensor]:
         """Per-level queries and keys ``(B, H, T_l, d)`` and the values ``(B, T, D)``: one GEMM
@@ -283,299 +260,6 @@ class HKTAttention(nn.Module):
             beta = self.beta().to(attn.dtype).repeat_interleave(self.config.head_dim)  # (D,)
             attn = torch.lerp(conv, attn, beta)  # beta * attn + (1 - beta) * conv, one pass
         return self.out_dropout(self.o_proj(attn))
-
-    # -- decoding ---------------------------------------------------------------------------
-
-    def _prefill(
-        self,
-        xs: list[Tensor],
-        q: list[Tensor],
-        k: list[Tensor],
-        v_flat: Tensor,
-        key_padding_mask: Tensor | None,
-    ) -> HKTLayerCache:
-        """The cache after the prompt: rows past each sequence's length are left as computed
-        (they are never read before being overwritten)."""
-        cfg = self.config
-        B, T, D = v_flat.shape
-        s = cfg.stride
-        lengths = prompt_lengths(key_padding_mask, B, T, v_flat.device)
-        bidx = torch.arange(B, device=v_flat.device)
-        queries, windows = [], []
-        for l in range(cfg.n_levels):
-            last_block = (lengths - 1) // s**l  # (B,) the current block of level l
-            queries.append(q[l][bidx, :, last_block])  # (B, H, d)
-            if l < cfg.n_levels - 1:  # inputs c*s - k + 1 .. c*s - 1 of level l+1's next token
-                windows.append(_tail(xs[l], -(-lengths // s**l), cfg.downsample_kernel - 1))
-        conv_window = _tail(v_flat, lengths, cfg.conv_kernel - 1) if cfg.hybrid else None
-        return HKTLayerCache(
-            keys=[t.clone(memory_format=torch.contiguous_format) for t in k],
-            queries=queries,
-            windows=windows,
-            values=self._heads(v_flat).clone(memory_format=torch.contiguous_format),
-            conv_window=conv_window,
-            lengths=lengths.clone(),
-            scores=[None] * cfg.n_levels,
-        )
-
-    def _decode(self, x: Tensor, cache: HKTLayerCache) -> Tensor:
-        """The next ``T`` tokens of every sequence, one at a time: ``x (B, T, D)``."""
-        if x.shape[0] != cache.lengths.shape[0]:
-            raise ValueError(
-                f"the cache holds {cache.lengths.shape[0]} sequences, got a batch of {x.shape[0]}"
-            )
-        outs = [self._step(x[:, t], cache) for t in range(x.shape[1])]
-        if not outs:
-            return x.new_zeros(x.shape)
-        return torch.stack(outs, dim=1)
-
-    def _step(self, x: Tensor, cache: HKTLayerCache) -> Tensor:
-        """One token per sequence at positions ``cache.lengths``: ``x (B, D) -> (B, D)``.
-
-        Level ``l`` gets a new coarse token where ``pos % s^l == 0``; its query then replaces
-        the block's query and its key is written at row ``pos // s^l``."""
-        cfg = self.config
-        B, D = x.shape
-        H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
-        pos = cache.lengths  # (B,) index of the new token
-        n = pos + 1
-        n_max = int(n.max())
-        # Read keys 0 .. T0 - 1 with T0 a multiple of s^(L-1): every level then holds exactly
-        # T0 / s^l rows and the coarse-to-fine sum is a reshape (rows past n are masked).
-        span = s ** (L - 1)
-        T0 = -(-n_max // span) * span
-        # The concatenated weights are made once per cache (the keys it holds were made with
-        # these parameters too), and every step while a gradient may flow to them.
-        live = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        params = cache.params
-        if live or params is None or params.weight.dtype != x.dtype:
-            params = self._decode_params(x.dtype)
-            cache.params = None if live else params
-        qkv = F.linear(x, params.weight, params.bias)  # level 0's Q, K, V: one GEMM
-        aligned = one_length(n, n_max)
-        if aligned and not torch.is_grad_enabled() and self.attn_drop_p() == 0:
-            kernel = _decode_kernel(x)
-            if kernel is not None:
-                return self._step_cpp(kernel, x, qkv, cache, n, n_max - 1, T0, params)
-        coarse, w, beta = params.coarse, params.w, params.beta
-        q0, k0, v = qkv.split(D, dim=-1)
-        values = grow(cache.values, T0)
-        if aligned:
-            p = n_max - 1
-            top = self._new_coarse_tokens_aligned(x, q0, k0, cache, p, T0, coarse)
-            values[:, :, p] = v.view(B, H, d)
-            n_used: Tensor | int = n_max  # one length: rows past it are sliced off, not masked
-        else:
-            top = self._new_coarse_tokens(x, q0, k0, cache, pos, T0, coarse)
-            values[torch.arange(B, device=x.device), :, pos] = v.view(B, H, d)
-            n_used = n
-        cache.values = values
-
-        # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
-        # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j]; lambda and the
-        # scale (w) go on the queries (d numbers each instead of T). Levels above ``top`` kept
-        # their query and keys since the last step, so their acc_l is the cached one: a step
-        # reads level l's keys once per s^l tokens, not every token.
-        acc = None
-        for l in reversed(range(L)):
-            kept = cache.scores[l]
-            if l > top and kept is not None and kept.shape[-1] == T0 // s**l:
-                acc = kept
-                continue
-            q_l = (cache.queries[l] * w[:, l, None])[:, :, None, :]  # (B, H, 1, d)
-            s_l = (q_l @ cache.keys[l][:, :, : T0 // s**l].transpose(-1, -2)).squeeze(-2)
-            if acc is not None:  # (B, H, T_l) += upsampled (B, H, T_l / s), in place
-                s_l.unflatten(-1, (-1, s)).add_(acc[..., None])
-            if l > 0:
-                cache.scores[l] = s_l
-            acc = s_l
-        o = decode_attention(acc, n_used, cache.values[:, :, :T0], self.attn_drop_p())
-        o = o.reshape(B, D)
-
-        if cfg.hybrid:
-            inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
-            cache.conv_window = inputs[:, 1:]
-            conv = _depthwise_last(inputs, self.conv.conv)
-            o = torch.lerp(conv, o, beta)
-        cache.lengths = n
-        return self.out_dropout(self.o_proj(o))
-
-    def _step_cpp(
-        self,
-        kernel,
-        x: Tensor,
-        qkv: Tensor,
-        cache: HKTLayerCache,
-        n: Tensor,
-        pos: int,
-        T0: int,
-        params: DecodeWeights,
-    ) -> Tensor:
-        """:meth:`_step` for sequences at one position, without gradients or dropout, as one
-        call of the compiled step (``csrc/hkt_decode.cpp``, the same updates and sums)."""
-        cfg = self.config
-        L, s = cfg.n_levels, cfg.stride
-        if params.kernel_args is None:  # first compiled step with these weights: once
-            params.kernel_args = self._kernel_params(params.coarse, x.dtype)
-        coarse_w, coarse_b, down_w, down_b, ln_w, ln_b, eps, conv_w, conv_b, empty = (
-            params.kernel_args
-        )
-        cache.values = grow(cache.values, T0)
-        cache.keys = [grow(t, T0 // s**l) for l, t in enumerate(cache.keys)]
-        hybrid = cache.conv_window is not None
-        out = kernel.decode_step(
-            x,
-            qkv,
-            pos,
-            T0,
-            s,
-            cache.keys,
-            cache.queries,
-            cache.windows,
-            cache.values,
-            cache.conv_window if hybrid else empty,
-            [empty if t is None else t for t in cache.scores],
-            coarse_w,
-            coarse_b,
-            down_w,
-            down_b,
-            ln_w,
-            ln_b,
-            eps,
-            params.w,
-            params.beta if hybrid else empty,
-            conv_w,
-            conv_b,
-        )
-        cache.queries = out[1 : 1 + L]
-        cache.windows = out[1 + L : 2 * L]
-        if hybrid:
-            cache.conv_window = out[2 * L]
-        cache.scores = [None, *out[2 * L + 2 :]]
-        cache.lengths = n
-        return self.out_dropout(self.o_proj(out[0]))
-
-    def _decode_params(self, dtype: torch.dtype) -> DecodeWeights:
-        """Level 0's Q, K, V weights and biases concatenated, every coarse level's Q and K
-        weights and biases concatenated, the level weights times the score scale ``(H, L)``
-        and beta per channel ``(D,)``."""
-        cfg = self.config
-
-        def fused(group: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
-            weight = torch.cat([m.weight for m in group]).to(dtype)
-            if group[0].bias is None:
-                return weight, None
-            return weight, torch.cat([m.bias for m in group]).to(dtype)
-
-        weight, bias = fused([self.q_proj[0], self.k_proj[0], self.v_proj])
-        coarse = [fused([self.q_proj[l], self.k_proj[l]]) for l in range(1, cfg.n_levels)]
-        w = self.level_weights().to(dtype) * (1.0 / math.sqrt(cfg.head_dim))
-        beta = self.beta().to(dtype).repeat_interleave(cfg.head_dim)
-        return DecodeWeights(weight, bias, coarse, w, beta)
-
-    def _kernel_params(self, coarse: list[tuple[Tensor, Tensor | None]], dtype: torch.dtype):
-        """The compiled step's arguments beyond :meth:`_decode_params`: the coarse weights and
-        biases as lists, per downsampling level its conv weight ``(D, k)``, conv bias,
-        LayerNorm weight, bias and eps, then the hybrid head's conv weight ``(D, k)`` and bias,
-        and an empty tensor (which stands for every absent one)."""
-        hybrid = self.config.hybrid
-        empty = torch.empty(0, dtype=dtype, device=self.v_proj.weight.device)
-
-        def vector(t: Tensor | None) -> Tensor:
-            return empty if t is None else t.detach().to(dtype).contiguous()
-
-        def conv_weight(conv: nn.Conv1d) -> Tensor:
-            return conv.weight.detach()[:, 0, :].to(dtype).contiguous()  # (D, k)
-
-        downs = list(self.downsample)
-        return (
-            [c[0] for c in coarse],
-            [empty if c[1] is None else c[1] for c in coarse],
-            [conv_weight(m.conv.conv) for m in downs],
-            [vector(m.conv.conv.bias) for m in downs],
-            [vector(m.norm.weight) for m in downs],
-            [vector(m.norm.bias) for m in downs],
-            [float(m.norm.eps) for m in downs],
-            conv_weight(self.conv.conv) if hybrid else empty,
-            vector(self.conv.conv.bias) if hybrid else empty,
-            empty,
-        )
-
-    def _new_coarse_tokens(
-        self,
-        x: Tensor,
-        q0: Tensor,
-        k0: Tensor,
-        cache: HKTLayerCache,
-        pos: Tensor,
-        T0: int,
-        coarse: list[tuple[Tensor, Tensor | None]],
-    ) -> int:
-        """Queries, keys and windows of every level for tokens at positions ``pos (B,)``:
-        level ``l`` gets a coarse token where ``pos % s^l == 0`` (per sequence). Returns the
-        highest level where some sequence got a new query."""
-        cfg = self.config
-        B, _ = x.shape
-        H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
-        bidx = torch.arange(B, device=x.device)
-        tok, new = x, torch.ones(B, dtype=torch.bool, device=x.device)
-        for l in range(L):
-            if l > 0:
-                down = self.downsample[l - 1]
-                inputs = torch.cat([cache.windows[l - 1], tok[:, None]], dim=1)  # (B, k, D)
-                keep = new[:, None, None]
-                cache.windows[l - 1] = torch.where(keep, inputs[:, 1:], cache.windows[l - 1])
-                new = new & (pos % s**l == 0)
-                if not bool(new.any()):
-                    for m in range(l, L):  # no new coarse token: only make room
-                        cache.keys[m] = grow(cache.keys[m], T0 // s**m)
-                    return l - 1
-                tok = _depthwise_last(inputs, down.conv.conv)  # (B, D)
-                tok = F.gelu(down.norm(tok))
-            if l > 0:
-                q_l, k_l = F.linear(tok, *coarse[l - 1]).chunk(2, dim=-1)
-            else:
-                q_l, k_l = q0, k0
-            q_l, k_l = q_l.reshape(B, H, d), k_l.reshape(B, H, d)
-            keys = grow(cache.keys[l], T0 // s**l)
-            rows = pos // s**l
-            keys[bidx, :, rows] = torch.where(new[:, None, None], k_l, keys[bidx, :, rows])
-            cache.keys[l] = keys
-            cache.queries[l] = torch.where(new[:, None, None], q_l, cache.queries[l])
-        return L - 1
-
-    def _new_coarse_tokens_aligned(
-        self,
-        x: Tensor,
-        q0: Tensor,
-        k0: Tensor,
-        cache: HKTLayerCache,
-        pos: int,
-        T0: int,
-        coarse: list[tuple[Tensor, Tensor | None]],
-    ) -> int:
-        """:meth:`_new_coarse_tokens` when every sequence is at the same position ``pos``
-        (batch of one, or equal prompt lengths): the same updates without per-row selects."""
-        cfg = self.config
-        B, _ = x.shape
-        H, d, s, L = cfg.n_heads, cfg.head_dim, cfg.stride, cfg.n_levels
-        tok = x
-        for l in range(L):
-            if l > 0:
-                down = self.downsample[l - 1]
-                inputs = torch.cat([cache.windows[l - 1], tok[:, None]], dim=1)  # (B, k, D)
-                cache.windows[l - 1] = inputs[:, 1:]
-                if pos % s**l:  # no new coarse token from here up: only make room
-                    for m in range(l, L):
-                        cache.keys[m] = grow(cache.keys[m], T0 // s**m)
-                    return l - 1
-                tok = F.gelu(down.norm(_depthwise_last(inputs, down.conv.conv)))  # (B, D)
-            q_l, k_l = (q0, k0) if l == 0 else F.linear(tok, *coarse[l - 1]).chunk(2, dim=-1)
-            keys = grow(cache.keys[l], T0 // s**l)
-            keys[:, :, pos // s**l] = k_l.reshape(B, H, d)
-            cache.keys[l] = keys
-            cache.queries[l] = q_l.reshape(B, H, d)
-        return L - 1
 
     def extra_repr(self) -> str:
         c = self.config

@@ -59,7 +59,8 @@ import torch
 from torch import Tensor
 
 from .attention import HKTAttention
-from .functional import hkt_cost, upsample_levels
+from .cost import hkt_cost
+from .levels import upsample_levels
 
 __all__ = [
     "ApproximationError",

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from .kernels.extension import cpu_kernel_for
+
 __all__ = ["CausalDownsample", "CausalDepthwiseConv"]
 
 
@@ -25,13 +27,12 @@ def _conv_kernel(x: Tensor):
     compilation, :attr:`CausalDepthwiseConv.cpp` True), or None."""
     if not CausalDepthwiseConv.cpp or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return None
-    from .cpu_kernel import cpu_kernel_for  # (cpu_kernel imports the attention stack)
-
     return cpu_kernel_for(x)
 
 
 class _CompiledCausalConv(torch.autograd.Function):
-    """``(B, T, D) -> (B, ceil(T / s), D)`` through ``csrc/hkt_conv.cpp`` (first derivatives)."""
+    """``(B, T, D) -> (B, ceil(T / s), D)`` through ``kernels/csrc/hkt_conv.cpp`` (first
+    derivatives)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, stride, kernel):
@@ -77,9 +78,10 @@ class CausalDepthwiseConv(nn.Module):
             channels, channels, kernel_size, stride=stride, groups=channels, bias=bias
         )
 
-    #: On the CPU in float32 / float64, run the compiled convolution (``csrc/hkt_conv.cpp``, one
-    #: pass over the (B, T, D) layout forward and backward); False: always ``conv2d`` (the
-    #: reference it is tested against; also the path for double backward).
+    #: On the CPU in float32 / float64, run the compiled convolution
+    #: (``kernels/csrc/hkt_conv.cpp``, one pass over the (B, T, D) layout forward and
+    #: backward); False: always ``conv2d`` (the reference it is tested against; also the path
+    #: for double backward).
     cpp: bool = True
 
     def forward(self, x: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import HKTConfig
-from .cache import LMCache
+from .decoding.cache import LMCache
 from .model import CausalLM, ModelConfig
 
 __all__ = ["HKTLMConfig", "HKTForCausalLM"]

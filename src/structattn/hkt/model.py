@@ -22,8 +22,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import EMPTY, HKTAttention, HKTConfig
-from .cache import KVLayerCache, LMCache, decode_attention, grow, one_length, prompt_lengths
-from .functional import is_right_padded, masked_sdpa
+from .decoding.cache import (
+    KVLayerCache,
+    LMCache,
+    decode_attention,
+    grow,
+    one_length,
+    prompt_lengths,
+)
+from .kernels.sdpa import masked_sdpa
+from .levels import is_right_padded
 
 __all__ = [
     "CausalLM",

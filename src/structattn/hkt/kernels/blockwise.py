@@ -29,22 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Backend", "attendable_keys", "blockwise_attention", "round_tile"]
+from ..levels import attendable_keys, effective_levels
 
-
-def round_tile(tile: int, n_levels: int, stride: int) -> int:
-    """``tile`` rounded up to a positive multiple of ``stride^(L-1)``, so that no coarse block
-    straddles two tiles (shared by the blockwise implementations)."""
-    block = stride ** (n_levels - 1)
-    return max(block, (tile + block - 1) // block * block)
-
-
-def attendable_keys(key_padding_mask: Tensor | None) -> Tensor | None:
-    """The keys a query may attend: the real ones, or every key of a sequence without a real
-    token (its softmax stays finite and its outputs are zeroed by the caller)."""
-    if key_padding_mask is None:
-        return None
-    return (key_padding_mask | ~key_padding_mask.any(-1, keepdim=True)).contiguous()
+__all__ = ["Backend", "blockwise_attention"]
 
 
 @dataclass(frozen=True)
@@ -94,13 +81,6 @@ class _BlockwiseHKT(torch.autograd.Function):
             q, k, v, lam, key_mask, causal, stride, scale, tiles, out, lse, backend.layout(grad_out)
         )
         return (None, None, dlam, dv, None, None, None, None, *dq, *dk)
-
-
-def effective_levels(T: int, n_levels: int, stride: int) -> int:
-    """Level 0 and the coarse levels longer than one token (see the module notes)."""
-    from .functional import level_lengths  # functional imports this module
-
-    return 1 + sum(1 for t in level_lengths(T, n_levels, stride)[1:] if t > 1)
 
 
 def blockwise_attention(

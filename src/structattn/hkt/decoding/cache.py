@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .functional import is_right_padded
+from ..levels import is_right_padded
 
 __all__ = [
     "DecodeWeights",

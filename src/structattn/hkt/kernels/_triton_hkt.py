@@ -1,4 +1,4 @@
-"""Triton kernels of blockwise HKT attention (imported lazily by :mod:`.triton_kernel`).
+"""Triton kernels of blockwise HKT attention (imported lazily by :mod:`.fused_triton`).
 
 One program per (query tile, batch x head) in the forward pass and in the dQ pass, one per
 (key tile, batch x head) in the dK/dV pass (no atomics). Per tile pair the fine scores are one

@@ -8,10 +8,11 @@ each tile from the saved log-sum-exp (:mod:`.blockwise` holds the autograd Funct
 gradient of a coarse score is the block sum of the fine score gradient. Memory is O(T) plus one
 tile.
 
-Shapes as in :mod:`structattn.hkt.functional`. Tiles are multiples of ``s^(L-1)`` so coarse
+Shapes as in :mod:`structattn.hkt.interface`. Tiles are multiples of ``s^(L-1)`` so coarse
 blocks never straddle a tile boundary. This readable tile loop (``impl="fused_torch"``, batched
 over B and H) is the specification of the compiled kernels: ``csrc/hkt_cpu.cpp``
-(``impl="fused_cpp"``) and ``_triton_hkt.py`` (``impl="fused_triton"``).
+(``impl="fused_cpp"``, :mod:`.fused_cpp`) and ``_triton_hkt.py`` (``impl="fused_triton"``,
+:mod:`.fused_triton`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import math
 import torch
 from torch import Tensor
 
-from .blockwise import Backend, blockwise_attention, round_tile
+from ..levels import round_tile
+from .blockwise import Backend, blockwise_attention
 
 __all__ = ["TORCH_BACKEND", "fused_hkt_attention"]
 

@@ -1,0 +1,278 @@
+"""The public interface of HKT attention: :func:`hkt_attention`, the registry of its exact
+implementations, the backend selector :func:`resolve_impl` and the input validation in front of
+every implementation.
+
+Hierarchical Kernel Transformer (arXiv 2604.08829), as specified in this project's design notes.
+
+Shapes (legend used in every comment below):
+    B  batch                 H  heads                 L  levels (level 0 = full resolution)
+    T  sequence length       T_l = ceil(T_{l-1} / s), T_0 = T
+    d  query/key head dim    d_v value head dim       s  stride between levels
+
+The equations are in :mod:`.reference` (the materialised reference), the fast path's identity
+in :mod:`.kernels.sdpa`, the blockwise kernels in :mod:`.kernels`, the level geometry in
+:mod:`.levels` and the cost model in :mod:`.cost`.
+
+Padding convention: ``key_padding_mask`` is ``(B, T)`` bool, True = real token. Padded keys are
+never attended to and the outputs at padded query positions are exactly 0.
+
+Host synchronisation: the checks of the weights' values and the finiteness test that sends odd
+input to the ``sdpa`` path read one small tensor back from CPU tensors, once per call; on any
+other device they are skipped (no device synchronisation; the kernels' own arithmetic then
+decides NaN outputs).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .kernels import (
+    cpp_hkt_attention,
+    fused_hkt_attention,
+    sdpa_attention,
+    triton_available,
+    triton_hkt_attention,
+)
+from .kernels.extension import cpu_kernel
+from .levels import level_lengths
+from .reference import reference_attention
+
+__all__ = ["ATTENTION_IMPLS", "BLOCKWISE", "hkt_attention", "resolve_impl"]
+
+
+def _validate(
+    q: Sequence[Tensor],
+    k: Sequence[Tensor],
+    v: Tensor,
+    level_weights: Tensor,
+    stride: int,
+    key_padding_mask: Tensor | None,
+    causal: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    """Check types, shapes and the scale in front of every implementation (no host
+    synchronisation; the weights' values are :func:`_check_values`'); return the level weights
+    as ``(H, L)``."""
+    if scale is not None and (
+        isinstance(scale, bool)
+        or not isinstance(scale, numbers.Real)
+        or not math.isfinite(scale)
+        or scale <= 0
+    ):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    if isinstance(q, Tensor) or isinstance(k, Tensor):
+        raise ValueError("q and k must be sequences of per-level tensors (a list of L tensors)")
+    q, k = list(q), list(k)
+    n_levels = len(q)
+    if n_levels < 1:
+        raise ValueError("q must hold at least one level (got an empty sequence)")
+    if len(k) != n_levels:
+        raise ValueError(f"q has {n_levels} levels but k has {len(k)}")
+    if isinstance(stride, bool) or not isinstance(stride, int):
+        raise ValueError(f"stride must be an integer >= 2, got {stride!r}")
+    if stride < 2:
+        raise ValueError(f"stride must be >= 2, got {stride}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(v, Tensor) or v.dim() != 4:
+        raise ValueError(f"v must have shape (B, H, T, d_v), got {getattr(v, 'shape', v)!r}")
+    if not torch.is_floating_point(v):
+        raise ValueError(f"q, k and v must be floating-point tensors, got {v.dtype}")
+    B, H, T, d_v = v.shape
+    if T < 1:
+        raise ValueError("sequence length T must be >= 1")
+    lengths = level_lengths(T, n_levels, stride)
+    d = q[0].shape[-1]
+    for name, levels in (("q", q), ("k", k)):
+        for l, (x, T_l) in enumerate(zip(levels, lengths)):
+            expected = (B, H, T_l, d)
+            if tuple(x.shape) != expected:
+                raise ValueError(
+                    f"{name}[{l}] has shape {tuple(x.shape)}, expected (B, H, T_l, d) = {expected} "
+                    f"(T_l = ceil(T_(l-1) / stride) with T = {T}, stride = {stride})"
+                )
+            if x.dtype != v.dtype:
+                raise ValueError(f"{name}[{l}] has dtype {x.dtype} but v has {v.dtype}")
+    if d < 1 or d_v < 1:
+        raise ValueError(f"head dims must be >= 1, got d = {d} (q, k) and d_v = {d_v} (v)")
+
+    lam = level_weights
+    if not torch.is_floating_point(lam):
+        raise ValueError(f"level_weights must be a floating tensor, got {lam.dtype}")
+    if lam.dim() == 1:
+        lam = lam.unsqueeze(0).expand(H, -1)
+    if lam.dim() != 2 or lam.shape[-1] != n_levels or lam.shape[0] != H:
+        raise ValueError(
+            f"level_weights must have shape (L,) = ({n_levels},) or (H, L) = ({H}, {n_levels}), "
+            f"got {tuple(level_weights.shape)}"
+        )
+    if key_padding_mask is not None:
+        if key_padding_mask.dtype != torch.bool:
+            raise ValueError(
+                f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}"
+            )
+        if tuple(key_padding_mask.shape) != (B, T):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, T) = {(B, T)}, "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+    return lam.to(v.dtype)
+
+
+AttentionFn = Callable[..., Tensor]
+
+#: The blockwise kernels, by implementation name.
+BLOCKWISE = {
+    "fused_torch": fused_hkt_attention,
+    "fused_cpp": cpp_hkt_attention,
+    "fused_triton": triton_hkt_attention,
+}
+
+#: Registered implementations of HKT attention, by name. Every entry takes
+#: ``(q, k, v, lam(H, L), stride, causal, key_padding_mask, scale, dropout_p)`` after validation
+#: and returns ``(B, H, T, d_v)``; padded query rows are zeroed by :func:`hkt_attention`.
+#: All are exact; ``reference`` is the only one that materialises ``T x T``. ``fused`` and
+#: ``auto`` are resolved by :func:`resolve_impl`; ``fast`` is the old name of ``sdpa``.
+ATTENTION_IMPLS: dict[str, AttentionFn | None] = {
+    "reference": reference_attention,
+    "sdpa": sdpa_attention,
+    **BLOCKWISE,
+    "fused": None,
+    "auto": None,
+    "fast": None,
+}
+
+
+def resolve_impl(impl: str, device: torch.device | str, dropout_p: float = 0.0) -> str:
+    """The implementation that ``impl`` runs on ``device``: the one backend selector.
+
+    ``fused``: the device's blockwise kernel (C++ on the CPU when it builds, Triton on CUDA when
+    installed, else the PyTorch tile loop). ``auto``: the fastest exact path measured for the
+    device (``benchmarks/attention.py``): the C++ kernel on the CPU, ``sdpa`` elsewhere and
+    whenever attention dropout is on or the kernel cannot build. ``fast``: ``sdpa``
+    (deprecated name)."""
+    device = torch.device(device).type
+    if impl == "fast":
+        warnings.warn(
+            "impl='fast' is now called impl='sdpa' (the SDPA path); 'fast' will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return "sdpa"
+    if impl == "fused":
+        if device == "cpu" and cpu_kernel() is not None:
+            return "fused_cpp"
+        if device == "cuda" and triton_available():
+            return "fused_triton"
+        return "fused_torch"
+    if impl == "auto":
+        if dropout_p == 0 and device == "cpu" and cpu_kernel() is not None:
+            return "fused_cpp"
+        return "sdpa"
+    return impl
+
+
+def _check_values(lam: Tensor, inputs: Sequence[Tensor] | None, check_lam: bool) -> bool:
+    """The value checks, read back from the host in one transfer: with ``check_lam``, refuse
+    finite weights that are negative or whose rows do not sum to 1 (non-finite weights, a
+    training run diverging, are let through: every path then gives the reference's NaN
+    outputs); with ``inputs``, return False when any holds NaN or +-inf (or sums overflow,
+    which only costs the slower exact path). CPU tensors only (see the module notes)."""
+    flags = []
+    if check_lam:
+        tol = max(1e-6, 2 * lam.shape[-1] * torch.finfo(lam.dtype).eps)
+        flags += [
+            torch.isfinite(lam).all(),
+            (lam < 0).any(),
+            ((lam.sum(-1) - 1).abs() > tol).any(),
+        ]
+    if inputs is not None:  # one reduction per tensor
+        sums = [
+            t.detach().sum(dtype=torch.float32 if t.element_size() < 4 else None) for t in inputs
+        ]
+        flags.append(torch.isfinite(torch.stack([x.float() for x in sums]).sum()))
+    if not flags:
+        return True
+    values = torch.stack(flags).tolist()  # the one host transfer
+    if check_lam and values[0]:
+        if values[1]:
+            raise ValueError("level_weights must be non-negative (they are convex weights)")
+        if values[2]:
+            raise ValueError(
+                f"level_weights rows must sum to 1 (got sums {lam.detach().sum(-1).tolist()})"
+            )
+    return bool(values[-1]) if inputs is not None else True
+
+
+def hkt_attention(
+    q: Sequence[Tensor],
+    k: Sequence[Tensor],
+    v: Tensor,
+    level_weights: Tensor,
+    *,
+    stride: int = 2,
+    causal: bool = True,
+    key_padding_mask: Tensor | None = None,
+    scale: float | None = None,
+    impl: str = "auto",
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Hierarchical kernel attention over ``L`` resolution levels.
+
+    Args:
+        q: ``L`` query tensors, level ``l`` of shape ``(B, H, T_l, d)``.
+        k: ``L`` key tensors, same shapes as ``q``.
+        v: values at full resolution, ``(B, H, T, d_v)``.
+        level_weights: convex level weights ``(H, L)`` (per head) or ``(L,)`` (shared):
+            non-negative, rows summing to 1 (NaN weights give NaN outputs, as in the
+            reference).
+        stride: ``s >= 2``, an integer, the length ratio between consecutive levels.
+        causal: causal (default) or bidirectional attention (a bool).
+        key_padding_mask: ``(B, T)`` bool, True = real token (default None: no padding).
+            Outputs at padded positions are 0.
+        scale: score scale, a finite number > 0, default ``1 / sqrt(d)``.
+        impl: which exact implementation (all O(T) memory except ``"reference"``):
+            ``"auto"`` (default: the fastest measured path on the device), ``"sdpa"`` (one SDPA
+            call on the concatenated levels; ``"fast"`` is its deprecated name), ``"fused"``
+            (the best blockwise kernel on the device), ``"fused_cpp"`` (C++/OpenMP CPU kernel,
+            built on first use), ``"fused_triton"`` (Triton, CUDA or ``TRITON_INTERPRET=1``),
+            ``"fused_torch"`` (the PyTorch tile loop) or ``"reference"`` (materialised
+            ``T x T``). The blockwise kernels do not implement ``dropout_p``.
+        dropout_p: dropout on the attention probabilities (default 0).
+
+    Every implementation gives the reference's answer on odd input too: NaN or infinity in
+    ``q``, ``k`` or ``v`` reaches the same outputs as in the reference (the blockwise kernels
+    hand such inputs to the ``sdpa`` path, which propagates them like the reference does).
+
+    Returns:
+        ``(B, H, T, d_v)``.
+
+    Raises:
+        ValueError: on mismatched level counts or lengths, non-floating inputs, a head dim of
+            0, finite level weights that are negative or do not sum to 1 (checked on CPU
+            tensors), a stride that is not an integer >= 2, a ``scale`` that is not a finite
+            number > 0, a ``causal`` that is not a bool, a mask of the wrong shape or dtype, or
+            an unknown ``impl``.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"impl must be one of {sorted(ATTENTION_IMPLS)}, got {impl!r}")
+    weights = _validate(q, k, v, level_weights, stride, key_padding_mask, causal, scale)
+    lam = weights.to(v.dtype)
+    scale = 1.0 / math.sqrt(q[0].shape[-1]) if scale is None else float(scale)
+    name = resolve_impl(impl, v.device, dropout_p)
+    if v.device.type == "cpu" and lam.device.type == "cpu":
+        inputs = [*q, *k, v, lam] if name in BLOCKWISE else None
+        if not _check_values(weights, inputs, check_lam=not torch.compiler.is_compiling()):
+            name = "sdpa"  # the kernels' online softmax would drop NaN keys and zero NaN rows
+    out = ATTENTION_IMPLS[name](
+        list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p
+    )
+    if key_padding_mask is not None:
+        out = out.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
+    return out
