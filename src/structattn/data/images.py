@@ -73,8 +73,9 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 #: The only globals a CIFAR-10 python batch refers to: numpy's array (and scalar)
-#: reconstruction under its old and new module names, the byte-string decoding that protocol 2
-#: uses for ``bytes``, and plain containers. Anything else is refused before it can be called.
+#: reconstruction under its old and new module names (``_frombuffer``: pickle protocol 5), the
+#: byte-string decoding that protocol 2 uses for ``bytes``, and plain containers. Anything else
+#: is refused before it can be called.
 _CIFAR_GLOBALS = frozenset(
     [
         *(
@@ -82,6 +83,7 @@ _CIFAR_GLOBALS = frozenset(
             for module in ("numpy.core.multiarray", "numpy._core.multiarray")
             for name in ("_reconstruct", "scalar")
         ),
+        *((module, "_frombuffer") for module in ("numpy.core.numeric", "numpy._core.numeric")),
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),
