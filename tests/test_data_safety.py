@@ -406,6 +406,19 @@ def test_task_spec_names_bad_listops_settings(kwargs, message):
     assert message in _one_line(err)
 
 
+def test_config_files_name_the_data_key():
+    from structattn.errors import ConfigError
+    from structattn.train.config import config_from_dict
+
+    for data, message in (
+        ({"listops_sizes": [-100, 300, 50]}, "data.listops_sizes must be three whole numbers"),
+        ({"seq_len": 32, "listops_min_length": 64}, "listops_min_length=64 is above seq_len=32"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"data": {"task": "listops", **data}})
+        assert message in _one_line(err)
+
+
 def test_task_spec_min_length_only_binds_generated_listops():
     TaskSpec(task="text", seq_len=32)  # the ListOps minimum does not concern other tasks
     TaskSpec(task="listops", seq_len=32, listops_min_length=64, source="original")
