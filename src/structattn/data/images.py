@@ -72,12 +72,49 @@ def read_idx(path: str | Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
 
 
+#: The only globals a CIFAR-10 python batch refers to: numpy's array (and scalar)
+#: reconstruction under its old and new module names (``_frombuffer``: pickle protocol 5), the
+#: byte-string decoding that protocol 2 uses for ``bytes``, and plain containers. Anything else
+#: is refused before it can be called.
+_CIFAR_GLOBALS = frozenset(
+    [
+        *(
+            (module, name)
+            for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+            for name in ("_reconstruct", "scalar")
+        ),
+        *((module, "_frombuffer") for module in ("numpy.core.numeric", "numpy._core.numeric")),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+        *(
+            ("builtins", name)
+            for name in ("dict", "list", "tuple", "set", "frozenset", "bytes", "bytearray")
+        ),
+    ]
+)
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Reads a pickle that holds only containers and numpy arrays; a pickle naming any other
+    global (``os.system``, ``builtins.eval`` ...) is refused before anything of it runs."""
+
+    def find_class(self, module: str, name: str):
+        module = "builtins" if module == "__builtin__" else module  # pickled by Python 2
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"refused global {module}.{name}: a CIFAR-10 batch holds only arrays and "
+                "containers, so this file is not one (nothing in it was run)"
+            )
+        return super().find_class(module, name)
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise FileNotFoundError(f"CIFAR-10 batch not found: {path}")
     try:
         with path.open("rb") as f:
-            batch = pickle.load(f, encoding="bytes")
+            batch = _BatchUnpickler(f, encoding="bytes").load()
         data = np.asarray(batch[b"data"], dtype=np.uint8)
         labels = np.asarray(batch[b"labels"], dtype=np.int64)
     except Exception as err:  # pickle raises many types on corrupt input

@@ -24,9 +24,11 @@ import io
 import random
 import statistics
 from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 from structattn.errors import DataError
+from structattn.utils.files import atomic_path
 
 __all__ = [
     "OPERATORS",
@@ -182,14 +184,26 @@ def evaluate_listops(source: str) -> int:
 
 
 def write_listops_tsv(path: str | Path, examples: Iterable[tuple[str, int]]) -> None:
-    """Write LRA's TSV: header ``Source<TAB>Target``, one example per row."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    """Write LRA's TSV: header ``Source<TAB>Target``, one example per row. The file is written
+    under a temporary name of this process's own and renamed, so a reader (or another process
+    writing the same file) never sees half of it."""
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
         writer.writerow(["Source", "Target"])
         for source, target in examples:
             writer.writerow([source, target])
+
+
+@contextmanager
+def _field_size_limit(limit: int):
+    """Let ``csv`` read fields up to ``limit`` characters (its default stops at 131,072, and
+    LRA-style sources can be longer), restoring the previous limit afterwards."""
+    previous = csv.field_size_limit()
+    csv.field_size_limit(max(previous, min(limit, 2**31 - 1)))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
 
 
 def read_listops_tsv(path: str | Path) -> list[tuple[str, int]]:
@@ -207,7 +221,7 @@ def read_listops_tsv(path: str | Path) -> list[tuple[str, int]]:
     except UnicodeDecodeError as err:
         line = path.read_bytes()[: err.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not UTF-8 text ({err.reason})") from None
-    with io.StringIO(text, newline="") as f:
+    with io.StringIO(text, newline="") as f, _field_size_limit(len(text) + 1):
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header is None or [h.strip() for h in header[:2]] != ["Source", "Target"]:

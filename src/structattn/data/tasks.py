@@ -69,6 +69,23 @@ class TaskSpec:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        sizes = tuple(self.listops_sizes)
+        if len(sizes) != 3 or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes
+        ):
+            raise ValueError(
+                "listops_sizes must be three whole numbers >= 1 (train, val, test examples), "
+                f"got {list(sizes)}"
+            )
+        if self.listops_min_length < 1:
+            raise ValueError(f"listops_min_length must be >= 1, got {self.listops_min_length}")
+        longest = self.seq_len or 512
+        generated = self.task == "listops" and self.source != "original"
+        if generated and self.listops_min_length > longest:
+            raise ValueError(
+                f"listops_min_length={self.listops_min_length} is above seq_len={longest}, the "
+                "longest generated example: no example could be generated"
+            )
         if self.image_pool < 1:
             raise ValueError(f"image_pool must be >= 1, got {self.image_pool}")
         if not 0.0 < self.val_fraction < 1.0:
@@ -126,8 +143,7 @@ def _listops(spec: TaskSpec, root: Path) -> TaskData:
             )
             bounds = [0, n_train, n_train + n_val, n_train + n_val + n_test]
             for path, a, b in zip(paths, bounds[:-1], bounds[1:]):
-                lo.write_listops_tsv(path.with_suffix(".tmp"), examples[a:b])
-                path.with_suffix(".tmp").replace(path)
+                lo.write_listops_tsv(path, examples[a:b])  # atomic, per-process temporary name
         splits = [lo.read_listops_tsv(p) for p in paths]
         source = f"ListOps, own generator (LRA rules), lengths {spec.listops_min_length}-{T}"
     datasets = [
@@ -191,6 +207,12 @@ def _image(spec: TaskSpec, root: Path) -> TaskData:
         source, stand_in, names = "Fashion-MNIST (stand-in for CIFAR-10)", True, FASHION_CLASSES
         if spec.rgb:
             raise ConfigError("rgb=True needs CIFAR-10; the Fashion-MNIST stand-in is grey")
+    smallest = min(train_x.shape[1:3])
+    if spec.image_pool > smallest:
+        raise ConfigError(
+            f"image_pool={spec.image_pool} is larger than the images "
+            f"({train_x.shape[1]}x{train_x.shape[2]}): at most {smallest}"
+        )
     if spec.image_pool > 1:
         train_x, test_x = _pool(train_x, spec.image_pool), _pool(test_x, spec.image_pool)
         side = train_x.shape[1]

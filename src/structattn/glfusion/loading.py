@@ -19,7 +19,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
+
+from structattn.utils.files import atomic_dir, atomic_path
 
 __all__ = [
     "EncodingCache",
@@ -65,6 +66,50 @@ def default_encoder_path() -> Path:
     )
 
 
+def _gguf_fingerprint(path: Path) -> str:
+    """sha256 of a file's size, modification time (ns) and first and last MiB: another file, or
+    the same file rewritten, gets another fingerprint, at the cost of two small reads (a full
+    hash costs about a second per GiB on every load)."""
+    stat = path.stat()
+    h = hashlib.sha256(f"{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    with path.open("rb") as f:
+        h.update(f.read(1 << 20))
+        if stat.st_size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+        h.update(f.read())
+    return h.hexdigest()
+
+
+_GGUF_SOURCE = "gguf-source.json"  # in a cache folder: the fingerprint of the file it holds
+
+
+def _gguf_cache_matches(cache: Path, digest: str) -> bool:
+    try:
+        source = json.loads((cache / _GGUF_SOURCE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(source, dict)
+        and source.get("fingerprint") == digest
+        and (cache / "model.safetensors").is_file()
+        and (cache / "config.json").is_file()
+    )
+
+
+def _dequantise_gguf(path: Path):
+    """``(LlamaForCausalLM float32, tokenizer)`` parsed from a GGUF file (slow)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    quantized = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(quantized.state_dict())
+    return model, tokenizer
+
+
 def load_llm(
     path: str | Path | None = None,
     cache_dir: str | Path | None = None,
@@ -72,7 +117,11 @@ def load_llm(
 ):
     """``(model, tokenizer)`` from a Llama folder or a ``.gguf`` file. A GGUF is dequantised once
     and cached as a safetensors folder in ``cache_dir`` (default
-    ``$STRUCTATTN_DATA_DIR/llm-cache/<file stem>``), written under a temporary name and renamed."""
+    ``$STRUCTATTN_DATA_DIR/llm-cache/<file stem>-<fingerprint>``), written under a temporary
+    name and renamed. The cache is keyed by the file's content, not its name: its fingerprint
+    (size, modification time, first and last MiB) is recorded in the folder's
+    ``gguf-source.json``, and another file of the same name, or the same file rewritten, is
+    dequantised afresh, never answered from a cache built from different bytes."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from structattn.data.base import default_data_dir
@@ -87,29 +136,23 @@ def load_llm(
         )
     if path.suffix != ".gguf":
         raise ValueError(f"{path}: expected a model folder or a .gguf file")
+    digest = _gguf_fingerprint(path)
     cache = (
-        Path(cache_dir) if cache_dir is not None else default_data_dir() / "llm-cache" / path.stem
+        Path(cache_dir)
+        if cache_dir is not None
+        else default_data_dir() / "llm-cache" / f"{path.stem}-{digest[:16]}"
     )
-    if (cache / "model.safetensors").is_file() and (cache / "config.json").is_file():
+    if _gguf_cache_matches(cache, digest):
         return (
             LlamaForCausalLM.from_pretrained(cache, dtype=dtype),
             AutoTokenizer.from_pretrained(cache),
         )
-    from transformers import AutoModelForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    quantized = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(quantized.state_dict())
-    tmp = cache.with_name(cache.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(cache, ignore_errors=True)
-    tmp.replace(cache)
+    model, tokenizer = _dequantise_gguf(path)
+    with atomic_dir(cache) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        source = {"file": path.name, "size": path.stat().st_size, "fingerprint": digest}
+        (tmp / _GGUF_SOURCE).write_text(json.dumps(source, indent=1) + "\n")
     return model.to(dtype), tokenizer
 
 
@@ -244,13 +287,10 @@ class EncodingCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         stem = f"chunk-{time.time_ns():020d}-{os.getpid()}"
         for suffix, array in ((".enc.npy", enc.numpy()), (".mask.npy", mask.numpy())):
-            tmp = self.folder / f".{stem}{suffix}.tmp"
-            with open(tmp, "wb") as f:
+            with atomic_path(self.folder / f"{stem}{suffix}") as tmp, open(tmp, "wb") as f:
                 np.save(f, array)
-            tmp.replace(self.folder / f"{stem}{suffix}")
-        tmp = self.folder / f".{stem}.keys.json.tmp"
-        tmp.write_text(json.dumps(keys))
-        tmp.replace(self.folder / f"{stem}.keys.json")  # the commit marker, written last
+        with atomic_path(self.folder / f"{stem}.keys.json") as tmp:  # the commit marker, last
+            tmp.write_text(json.dumps(keys))
         chunk = len(self.chunks)
         self.chunks.append(
             (
