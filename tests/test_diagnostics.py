@@ -126,15 +126,60 @@ def test_simplex_projection_and_quadratic_minimum():
     assert got <= best + 1e-9
 
 
-def test_approximation_terms_sum_to_total():
+def _held(full, f):
+    """``A_l`` by hand: the full-resolution kernel at each block's first position, held."""
+    idx = (torch.arange(full.shape[-1]) // f) * f
+    return full[:, idx][:, :, idx]
+
+
+def _block_means(full, f):
+    """``P_l Sbar^l`` by hand: a loop over the (ragged) ``f x f`` blocks."""
+    out, T = torch.empty_like(full), full.shape[-1]
+    for i in range(0, T, f):
+        for j in range(0, T, f):
+            block = full[:, i : i + f, j : j + f]
+            out[:, i : i + f, j : j + f] = block.mean((-1, -2), keepdim=True)
+    return out
+
+
+def test_approximation_terms_match_a_direct_computation():
     layer = _layer(n_levels=3)
     scores = dg.layer_scores(layer, torch.randn(37, 16, dtype=torch.float64))
     err = dg.approximation_error(scores)
-    torch.testing.assert_close(err.hierarchical + err.quantisation + err.optimisation, err.total)
-    assert (err.optimisation >= -1e-12).all() and (err.hierarchical >= 0).all()
-    curve = err.error_vs_levels  # (H, L), minimum over nested simplices
+    lam, full, L = scores.level_weights, scores.full_res, 3
+    target = sum(lam[:, l, None, None] * full[l] for l in range(L))
+    held = [_held(full[l], 2**l) for l in range(L)]
+
+    def e(mu):  # (H, L) -> (H,): ||sum mu_l A_l - K*||^2 / ||K*||^2, summed explicitly
+        approx = sum(mu[:, l, None, None] * held[l] for l in range(L))
+        return (approx - target).square().sum((-1, -2)) / target.square().sum((-1, -2))
+
+    mu = err.best_weights
+    torch.testing.assert_close(err.total, e(lam))
+    ideal = sum(mu[:, l, None, None] * _block_means(full[l], 2**l) for l in range(L))
+    hier = (ideal - target).square().sum((-1, -2)) / target.square().sum((-1, -2))
+    torch.testing.assert_close(err.hierarchical, hier)
+    torch.testing.assert_close(err.quantisation, e(mu) - hier)
+    torch.testing.assert_close(err.optimisation, e(lam) - e(mu))
+    # mu* is the minimum over the simplex: no vertex or random point of it does better
+    torch.manual_seed(0)
+    points = torch.cat([torch.eye(L), torch.distributions.Dirichlet(torch.ones(L)).sample((500,))])
+    for h in range(2):
+        cand = points.to(torch.float64)[:, None, :].expand(-1, 2, -1)
+        assert e(mu)[h] <= torch.stack([e(c)[h] for c in cand]).min() + 1e-9
+    curve = err.error_vs_levels  # (H, L): e_1 is level 0 alone, e_L the full minimum
+    torch.testing.assert_close(curve[:, 0], e(torch.eye(L, dtype=torch.float64)[[0, 0]]))
+    torch.testing.assert_close(curve[:, -1], e(mu))
     assert (curve[:, 1:] <= curve[:, :-1] + 1e-9).all()
-    torch.testing.assert_close(dg.decay_ratios(curve), curve[:, 1:] / curve[:, :-1])
+
+
+def test_decay_ratios_of_known_curves():
+    geometric = torch.tensor([[8.0, 4.0, 2.0, 1.0], [1.0, 0.25, 0.0625, 0.015625]])
+    torch.testing.assert_close(
+        dg.decay_ratios(geometric), torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.25, 0.25]])
+    )
+    exact = dg.decay_ratios(torch.tensor([0.3, 0.0, 0.0], dtype=torch.float64))
+    assert exact.tolist() == [0.0, 0.0]  # an exact fit stays at ratio 0, not NaN
 
 
 def test_single_level_has_no_approximation_error():

@@ -370,7 +370,19 @@ def test_fast_is_a_deprecated_name_of_sdpa():
     assert torch.equal(old, hkt_attention(q, k, v, lam, impl="sdpa"))
 
 
-def test_default_impl_is_auto():
-    import inspect
+def test_without_impl_the_call_runs_the_auto_choice(monkeypatch):
+    """No ``impl``: the path ``auto`` names for the device (the C++ kernel on the CPU when it
+    builds, SDPA with dropout), never the T x T reference."""
+    from structattn.hkt import ATTENTION_IMPLS, resolve_impl
 
-    assert inspect.signature(hkt_attention).parameters["impl"].default == "auto"
+    ran = []
+    for name, fn in list(ATTENTION_IMPLS.items()):
+        if fn is not None:
+            spy = lambda *a, _n=name, _f=fn: (ran.append(_n), _f(*a))[1]  # noqa: E731
+            monkeypatch.setitem(ATTENTION_IMPLS, name, spy)
+    q, k, v, theta, _ = make_inputs(20, 3, 2)
+    lam = torch.softmax(theta, -1)
+    hkt_attention(q, k, v, lam)
+    hkt_attention(q, k, v, lam, dropout_p=0.1)
+    assert ran == [resolve_impl("auto", "cpu"), resolve_impl("auto", "cpu", 0.1)]
+    assert "reference" not in ran and ran[1] == "sdpa"
