@@ -334,6 +334,22 @@ def test_predict_combines_gnn_and_label_scores():
     torch.testing.assert_close(scores[1, 0].double(), expected.double(), rtol=1e-6, atol=1e-6)
 
 
+def test_gnn_head_pass_equals_the_full_pass_and_a_rewrapped_base_uses_the_new_modules():
+    """node_logits skips the vocabulary projection but not a bit of the node states; a base
+    wrapped by a second GL-Fusion model runs the second model's modules, not the first's."""
+    model = tiny_model(seed=1)
+    open_gates(model, 0.6)
+    ids, mask = prompts(model)
+    graph = graph_for()
+    full = model(ids, mask, graph).node_logits
+    assert torch.equal(model.node_logits(ids, mask, graph), full)
+    second = GLFusionForCausalLM(model.base, model.config).double().eval()
+    open_gates(second, 0.6)  # its own fresh modules: other node logits
+    assert not torch.allclose(second.node_logits(ids, mask, graph), full)
+    second.load_state_dict(model.state_dict())  # the first model's modules: the same again
+    torch.testing.assert_close(second.node_logits(ids, mask, graph), full, rtol=0, atol=1e-12)
+
+
 def test_save_and_load_round_trip(tmp_path):
     model = apply_lora(tiny_model(edge_dim=2), r=4, alpha=8)
     open_gates(model, 0.3)

@@ -10,12 +10,21 @@ start at 0. A GNN head over the final node-token states and the LM head form the
 trained with ``CE(GNN) + CE(LM)``.
 
 The base model is untouched: the GL-Fusion modules live beside it (``glf_*`` names, outside the
-base, so LoRA's module matching never reaches them) and act through forward hooks that do nothing
-unless a graph is being processed. With no graph, outputs are exactly the base model's.
+base, so LoRA's module matching never reaches them) and act after each decoder layer, whose
+forward is wrapped to take the pass's :class:`GraphPass` as a keyword and does nothing without
+one. With no graph, outputs are exactly the base model's.
+
+One method per purpose: :meth:`~GLFusionForCausalLM.forward` is the training pass (losses, the
+transformers contract), :meth:`~GLFusionForCausalLM.node_logits` the GNN head,
+:meth:`~GLFusionForCausalLM.score_labels` the LM head over label names,
+:meth:`~GLFusionForCausalLM.predict` both heads and their ensemble, and
+:meth:`~GLFusionForCausalLM.generate` continues a prompt on a key/value cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +39,13 @@ from .graph import GraphBatch
 from .masking import build_structure_mask, node_position_ids, to_additive_mask
 from .message_passing import NodeMessagePassing
 
-__all__ = ["GLFusionForCausalLM", "GLFusionOutput", "add_graph_tokens", "apply_lora"]
+__all__ = [
+    "GLFusionForCausalLM",
+    "GLFusionOutput",
+    "GraphPass",
+    "add_graph_tokens",
+    "apply_lora",
+]
 
 
 @dataclass
@@ -40,6 +55,29 @@ class GLFusionOutput:
     loss: Tensor | None = None  # CE(GNN) + w * CE(LM) over whichever labels were given
     lm_loss: Tensor | None = None
     gnn_loss: Tensor | None = None
+
+
+@dataclass
+class GraphPass:
+    """One pass's graph, as the decoder layers need it: it travels with every layer call (the
+    ``glf_pass`` keyword), so a layer that gradient checkpointing replays with its keywords sees
+    the same graph. A prompt pass updates the node tokens at ``slots`` and collects the final
+    norm's output (``final_hidden``, for the GNN head); a decoding step (``after_graph`` set)
+    only cross-attends from the new text tokens."""
+
+    graph: GraphBatch
+    slots: Tensor  # (M, 2) (row, column) of each node token; empty while decoding
+    attention_mask: Tensor | None = None  # (B, S) of the prompt
+    after_graph: Tensor | None = None  # (B,) bool, decoding: the row's new tokens follow a graph
+    final_hidden: Tensor | None = None  # (B, S, D) the final norm's output, set during the pass
+
+    @property
+    def decoding(self) -> bool:
+        return self.after_graph is not None
+
+    def keep_final(self, module: nn.Module, args, output: Tensor) -> None:
+        """Forward hook of the base's final norm for the length of one pass."""
+        self.final_hidden = output
 
 
 def _mean_ce(logits: Tensor, labels: Tensor) -> Tensor:
@@ -96,20 +134,11 @@ class GLFusionForCausalLM(nn.Module):
         self.glf_gnn_head = nn.Linear(D, config.num_node_classes)
         if config.target_marker:  # zero at init: the prompt means what it meant without it
             self.glf_target_marker = nn.Parameter(torch.zeros(D))
-        self._ctx: dict | None = None
-        # The graph reaches each decoder layer as a call keyword (``glf_ctx``) that a pre-hook
-        # takes off before the layer runs: a layer recomputed by gradient checkpointing (which
-        # replays the call with its keywords) sees the same graph, whatever transformers wraps.
-        self._layer_ctx: dict[int, dict] = {}
-        self._hooks = []
-        # Hooks are bound methods (not closures), so a deep copy of the model hooks the copy.
+        # Each decoder layer's forward is wrapped (as accelerate's hooks wrap forwards) to take a
+        # GraphPass keyword and run message passing and cross-attention after the layer. The
+        # wrapper is a partial of a bound method, so a deep copy of the model wraps the copy.
         for i, layer in enumerate(inner.model.layers):
-            layer._glf_index = i
-            self._hooks.append(
-                layer.register_forward_pre_hook(self._layer_pre_hook, with_kwargs=True)
-            )
-            self._hooks.append(layer.register_forward_hook(self._layer_hook))
-        self._hooks.append(inner.model.norm.register_forward_hook(self._norm_hook))
+            layer.forward = functools.partial(self._layer_forward, i, layer.forward)
         self.to(emb.device, emb.dtype)
 
     # ------------------------------------------------------------------ construction
@@ -134,28 +163,20 @@ class GLFusionForCausalLM(nn.Module):
         _fit_vocabulary(inner, config)
         return cls(base_lm, config)
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------------ inside the layers
 
-    def _layer_pre_hook(self, module, args, kwargs):
-        index = module._glf_index
-        if "glf_ctx" not in kwargs:
-            self._layer_ctx.pop(index, None)
-            return None
-        kwargs = dict(kwargs)
-        self._layer_ctx[index] = kwargs.pop("glf_ctx")
-        return args, kwargs
-
-    def _layer_hook(self, module, args, output):
-        index = module._glf_index
-        ctx = self._layer_ctx.pop(index, None)
-        if ctx is None:
-            return None
+    def _layer_forward(self, index: int, forward, *args, glf_pass: GraphPass | None = None, **kw):
+        output = forward(*args, **kw)
+        if glf_pass is None:
+            return output
         hidden = output[0] if isinstance(output, tuple) else output
-        key = str(index)
-        slots = ctx["slots"]
-        graph: GraphBatch = ctx["graph"]
-        decoding = "after_graph" in ctx  # new text tokens only: no node token to update
-        if key in self.glf_message_passing and not decoding:
+        hidden = self._graph_update(index, glf_pass, hidden)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    def _graph_update(self, index: int, p: GraphPass, hidden: Tensor) -> Tensor:
+        """Message passing, then cross-attention, after decoder layer ``index`` (where set)."""
+        key, graph, slots = str(index), p.graph, p.slots
+        if key in self.glf_message_passing and not p.decoding:  # decoding: no node token
             nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
             nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
             hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
@@ -166,18 +187,14 @@ class GLFusionForCausalLM(nn.Module):
                 graph.node_text_mask,
                 graph.node_batch,
                 slots,
-                ctx.get("attention_mask"),
-                after_graph=ctx.get("after_graph"),
+                p.attention_mask,
+                after_graph=p.after_graph,
             )
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-    def _norm_hook(self, module, args, output):
-        if self._ctx is not None:
-            self._ctx["final_hidden"] = output
+        return hidden
 
     def gradient_checkpointing_enable(self) -> None:
-        """Recompute the base LM's layers in backward (non-reentrant checkpointing); the graph
-        paths run inside the recomputed layers exactly as in the first pass."""
+        """Recompute the base LM's layers in backward (non-reentrant checkpointing); a
+        recomputed layer gets the same GraphPass as the first pass."""
         _inner(self.base).gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
@@ -213,78 +230,90 @@ class GLFusionForCausalLM(nn.Module):
         graph: GraphBatch | None = None,
         labels: Tensor | None = None,
         node_labels: Tensor | None = None,
-        cache=None,
-        blocks: Tensor | None = None,
         label_choices: list[list[int]] | None = None,
         classes: Tensor | None = None,
-        logits_to_keep: Tensor | None = None,
     ) -> GLFusionOutput:
-        """``labels (B, S)`` next-token targets (-100 ignored, shifted inside like HF);
-        ``node_labels (M,)`` GNN targets (-100 ignored); ``cache`` (a transformers
-        ``DynamicCache``) is filled with the prompt's keys and values (see :meth:`generate`).
+        """The twin predictor's pass with its training loss (transformers' contract:
+        ``model(**batch).loss``): ``CE(GNN) + lm_loss_weight * CE(LM)`` over the targets given.
+
+        ``node_labels (M,)``: the GNN head's targets (-100 ignored). The LM head's target is
+        either ``labels (B, S)``, next tokens (-100 ignored, shifted inside like HF), or
+        ``classes (B,)`` with ``label_choices`` (token ids of every label name): the
+        cross-entropy over the label names' scores (:meth:`score_labels`, with gradients);
+        ``input_ids`` then end at the prompt and ``logits`` are only the rows that predict the
+        label names' tokens, ``(B, n, vocab)``. Without a graph the output is the base model's."""
+        if label_choices is not None:
+            if classes is None or labels is not None:
+                raise ValueError("label_choices needs classes (and no labels)")
+            scores, out = self._score_pass(input_ids, attention_mask, graph, label_choices)
+            lm_loss = F.cross_entropy(scores, classes.to(scores.device))
+        else:
+            out = self._pass(input_ids, attention_mask, graph)
+            lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
+        gnn_loss = None
+        if node_labels is not None and out.node_logits is not None:
+            gnn_loss = self._gnn_loss(out.node_logits, node_labels)
+        parts = [gnn_loss, None if lm_loss is None else self.config.lm_loss_weight * lm_loss]
+        parts = [x for x in parts if x is not None]
+        loss = sum(parts) if parts else None
+        return dataclasses.replace(out, loss=loss, lm_loss=lm_loss, gnn_loss=gnn_loss)
+
+    def node_logits(
+        self, input_ids: Tensor, attention_mask: Tensor | None, graph: GraphBatch
+    ) -> Tensor:
+        """The GNN head over every node token, ``(M, num_node_classes)``, from one pass that
+        projects no vocabulary logits but the last position's."""
+        return self._prompt_pass(input_ids, attention_mask, graph, logits_to_keep=1).node_logits
+
+    def _pass(self, input_ids, attention_mask, graph, cache=None) -> GLFusionOutput:
+        """The base model itself without a graph; the graph-aware pass with one."""
+        if graph is None:
+            return self._base_pass(input_ids, attention_mask, cache)
+        return self._prompt_pass(input_ids, attention_mask, graph, cache=cache)
+
+    def _check_no_nodes(self, input_ids: Tensor) -> None:
+        if bool((input_ids == self.config.node_id).any()):
+            raise ValueError("input_ids hold <node> tokens but no graph was given")
+
+    def _base_pass(self, input_ids, attention_mask, cache=None) -> GLFusionOutput:
+        """No graph: exactly the base model's logits (``cache``, a transformers
+        ``DynamicCache``, is filled with the keys and values)."""
+        self._check_no_nodes(input_ids)
+        out = self.base(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            use_cache=cache is not None,
+            **({"cache": cache} if cache is not None else {}),
+        )
+        return GLFusionOutput(logits=out.logits)
+
+    def _prompt_pass(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        graph: GraphBatch | None,
+        *,
+        blocks: Tensor | None = None,
+        cache=None,
+        logits_to_keep: Tensor | int | None = None,
+    ) -> GLFusionOutput:
+        """Prompts through the structure-aware mask and shared node positions; with a graph,
+        node-token embeddings, message passing, cross-attention and the GNN head.
 
         ``blocks (B, S)`` long packs continuations of one prompt into one pass: 0 marks the
         prompt, ``k >= 1`` the k-th continuation (contiguous). A continuation's tokens see the
         prompt and the earlier tokens of their own continuation only, and their positions start
         after the prompt's, so each is exactly the prompt followed by it alone.
-
-        ``label_choices`` (token ids of every label name) with ``classes (B,)``: the LM loss is
-        the cross-entropy over the label names' scores (:meth:`score_labels`, one pass, with
-        gradients) instead of over the whole vocabulary; ``input_ids`` then end at the prompt, and
-        ``logits`` are only the rows that predict the label names' tokens, ``(B, n, vocab)``.
-
-        ``logits_to_keep (B, k)`` long (with ``blocks``): compute the vocabulary logits of those
-        positions only (transformers' option), ``logits (B, k, vocab)``."""
-        if label_choices is not None:
-            if classes is None or labels is not None or blocks is not None:
-                raise ValueError("label_choices needs classes (and no labels or blocks)")
-            scores, out = self._score_pass(input_ids, attention_mask, graph, label_choices)
-            lm_loss = F.cross_entropy(scores, classes.to(scores.device))
-            parts = [self.config.lm_loss_weight * lm_loss]
-            gnn_loss = None
-            if node_labels is not None and out.node_logits is not None:
-                gnn_loss = self._gnn_loss(out.node_logits, node_labels)
-                parts.insert(0, gnn_loss)
-            return GLFusionOutput(
-                logits=out.logits,
-                node_logits=out.node_logits,
-                loss=sum(parts),
-                lm_loss=lm_loss,
-                gnn_loss=gnn_loss,
-            )
-        keep = {} if logits_to_keep is None else {"logits_to_keep": logits_to_keep}
-        if logits_to_keep is not None and blocks is None:
-            raise ValueError("logits_to_keep is for the scoring pass (with blocks)")
-        if blocks is not None and graph is None:
-            if bool((input_ids == self.config.node_id).any()):
-                raise ValueError("input_ids hold <node> tokens but no graph was given")
-            node_mask = torch.zeros_like(input_ids, dtype=torch.bool)
-            allowed = self._block_mask(build_structure_mask(node_mask, attention_mask), blocks)
-            embeds = _inner(self.base).get_input_embeddings()(input_ids)
-            out = self.base(
-                inputs_embeds=embeds,
-                attention_mask=to_additive_mask(allowed, embeds.dtype),
-                position_ids=self._block_positions(
-                    node_position_ids(node_mask, attention_mask), blocks
-                ),
-                use_cache=False,
-                **keep,
-            )
-            lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
-            return GLFusionOutput(logits=out.logits, loss=lm_loss, lm_loss=lm_loss)
+        ``logits_to_keep`` (transformers' option): the vocabulary logits of those positions
+        only, ``(B, k, vocab)``."""
+        graph_pass = None
         if graph is None:
-            if bool((input_ids == self.config.node_id).any()):
-                raise ValueError("input_ids hold <node> tokens but no graph was given")
-            out = self.base(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                use_cache=cache is not None,
-                **({"cache": cache} if cache is not None else {}),
-            )
-            lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
-            return GLFusionOutput(logits=out.logits, loss=lm_loss, lm_loss=lm_loss)
-        slots = graph.validate(input_ids, self.config.node_id)
-        embeds = self._embed(input_ids, graph, slots)
+            self._check_no_nodes(input_ids)
+            embeds = _inner(self.base).get_input_embeddings()(input_ids)
+        else:
+            slots = graph.validate(input_ids, self.config.node_id)
+            embeds = self._embed(input_ids, graph, slots)
+            graph_pass = GraphPass(graph, slots, attention_mask)
         node_mask = input_ids == self.config.node_id
         allowed = build_structure_mask(node_mask, attention_mask)
         positions = node_position_ids(node_mask, attention_mask)
@@ -293,37 +322,37 @@ class GLFusionForCausalLM(nn.Module):
                 raise ValueError("node tokens must sit in the prompt (block 0)")
             allowed = self._block_mask(allowed, blocks)
             positions = self._block_positions(positions, blocks)
-        ctx = {"graph": graph, "slots": slots, "attention_mask": attention_mask}
-        self._ctx = ctx
+        keep = {} if logits_to_keep is None else {"logits_to_keep": logits_to_keep}
+        out = self._decoder(embeds, allowed, positions, graph_pass, cache, **keep)
+        if graph_pass is None:
+            return GLFusionOutput(logits=out.logits)
+        final = graph_pass.final_hidden
+        node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
+        return GLFusionOutput(logits=out.logits, node_logits=node_logits)
+
+    def _decoder(self, embeds, allowed, positions, graph_pass, cache, **keep):
+        """The base LM on input embeddings under the boolean mask ``allowed (B, 1, S, K)``;
+        ``graph_pass`` goes to every decoder layer, and a prompt pass collects the final norm's
+        output into it."""
+        kwargs = {} if cache is None else {"cache": cache}
+        hook = None
+        if graph_pass is not None:
+            kwargs["glf_pass"] = graph_pass
+            if not graph_pass.decoding:
+                norm = _inner(self.base).model.norm
+                hook = norm.register_forward_hook(graph_pass.keep_final)
         try:
-            out = self.base(
+            return self.base(
                 inputs_embeds=embeds,
                 attention_mask=to_additive_mask(allowed, embeds.dtype),
                 position_ids=positions,
-                glf_ctx=ctx,
                 use_cache=cache is not None,
-                **({"cache": cache} if cache is not None else {}),
+                **kwargs,
                 **keep,
             )
-            final = ctx["final_hidden"]
         finally:
-            self._ctx = None
-            self._layer_ctx.clear()
-        node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
-        lm_loss = self.lm_loss(out.logits, labels) if labels is not None else None
-        gnn_loss = None if node_labels is None else self._gnn_loss(node_logits, node_labels)
-        parts = [
-            x
-            for x in (gnn_loss, None if lm_loss is None else self.config.lm_loss_weight * lm_loss)
-            if x is not None
-        ]
-        return GLFusionOutput(
-            logits=out.logits,
-            node_logits=node_logits,
-            loss=sum(parts) if parts else None,
-            lm_loss=lm_loss,
-            gnn_loss=gnn_loss,
-        )
+            if hook is not None:
+                hook.remove()
 
     @staticmethod
     def _gnn_loss(node_logits: Tensor, node_labels: Tensor) -> Tensor:
@@ -409,7 +438,7 @@ class GLFusionForCausalLM(nn.Module):
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
 
         cache = DynamicCache(config=inner.config)
-        logits = self(input_ids, mask, graph, cache=cache).logits
+        logits = self._pass(input_ids, mask, graph, cache).logits  # the prefill
         last = S - 1 - real.flip(-1).long().argmax(-1)  # (B,) last real column
         step_logits = logits[torch.arange(B, device=logits.device), last]  # (B, vocab)
         after_graph = node_mask.any(-1)
@@ -454,21 +483,11 @@ class GLFusionForCausalLM(nn.Module):
         inner = _inner(self.base)
         embeds = inner.get_input_embeddings()(tok)  # (B, 1, D)
         allowed = keys.bool()[:, None, None, :]  # (B, 1, 1, K): every real key so far
-        kwargs = {}
-        if graph is not None and len(self.glf_cross_attention):
+        graph_pass = None
+        if graph is not None:
             empty = torch.zeros(0, 2, dtype=torch.long, device=tok.device)
-            kwargs["glf_ctx"] = {"graph": graph, "slots": empty, "after_graph": after_graph}
-        try:
-            out = self.base(
-                inputs_embeds=embeds,
-                attention_mask=to_additive_mask(allowed, embeds.dtype),
-                position_ids=pos[:, None],
-                cache=cache,
-                use_cache=True,
-                **kwargs,
-            )
-        finally:
-            self._layer_ctx.clear()
+            graph_pass = GraphPass(graph, empty, after_graph=after_graph)
+        out = self._decoder(embeds, allowed, pos[:, None], graph_pass, cache)
         return out.logits[:, -1]
 
     # ------------------------------------------------------------------ twin predictor
@@ -523,7 +542,7 @@ class GLFusionForCausalLM(nn.Module):
         cols = S + torch.arange(n, device=dev) - 1
         pred = torch.where(first[None, :], last[:, None], cols[None, :])  # (B, n)
         # vocabulary logits of the predicting positions only: (B, n, vocab), not (B, S + n, vocab)
-        out = self(ids, full_mask, graph, blocks=blocks, logits_to_keep=pred)
+        out = self._prompt_pass(ids, full_mask, graph, blocks=blocks, logits_to_keep=pred)
         dtype = torch.promote_types(out.logits.dtype, torch.float32)
         logp = out.logits.to(dtype).log_softmax(-1)  # (B, n, vocab)
         token_logp = logp.gather(2, flat.expand(B, n)[..., None])[..., 0]  # (B, n)
@@ -542,7 +561,7 @@ class GLFusionForCausalLM(nn.Module):
         """Log-probability of each label name (token ids) right after each prompt: ``(B, K)``.
 
         One forward pass: the label names follow the prompt as separate continuations (each sees
-        the prompt and itself only, :meth:`forward`'s ``blocks``), so a name of several tokens
+        the prompt and itself only: ``blocks`` of :meth:`_prompt_pass`), so a name of several tokens
         is scored exactly as the prompt followed by that name alone. Prompts may be padded on
         either side."""
         return self._score_pass(input_ids, attention_mask, graph, label_ids)[0]

@@ -408,8 +408,8 @@ def gnn_accuracy(model, examples, encode, batch_size) -> float:
     model.eval()
     hits = 0
     for batch in _batches(examples, encode, batch_size, _device_of(model)):
-        out = model(batch["input_ids"], batch["attention_mask"], batch["graph"])
-        pred = out.node_logits[batch["graph"].target_nodes].argmax(-1)
+        logits = model.node_logits(batch["input_ids"], batch["attention_mask"], batch["graph"])
+        pred = logits[batch["graph"].target_nodes].argmax(-1)
         hits += (pred == batch["classes"]).sum().item()
     return hits / len(examples)
 
