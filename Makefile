@@ -47,4 +47,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis runs results/reproduce results/bench
