@@ -1,7 +1,7 @@
 """Attention benchmark: HKT attention against SDPA multi-head attention, forward + backward.
 
-    python benchmarks/attention.py --preset quick        # make bench-quick (about 5 minutes)
-    python benchmarks/attention.py --preset full         # make bench: T 1k/4k/16k (about 25 min)
+    python benchmarks/attention.py --preset quick        # make bench-quick (about 2 minutes)
+    python benchmarks/attention.py --preset full         # make bench: T 1k/4k/16k (about 15 min)
     python benchmarks/attention.py --seq-lens 4096 --head-dims 64 --levels 3 --repeats 9
     python benchmarks/attention.py --preset gpu          # CUDA, bfloat16, T 4k/16k/64k
     python benchmarks/attention.py --sections layer step # the layer and the training step

@@ -5,7 +5,7 @@ multi-head-attention twin with ``attention="mha"``) as a ``PreTrainedModel``: ``
 / ``from_pretrained`` (safetensors), ``labels=`` loss, and transformers' ``generate`` with its
 sampling, beam search, stopping criteria and streamers.
 
-The cache is this project's :class:`~structattn.hkt.cache.LMCache`, not a transformers
+The cache is this project's :class:`~structattn.hkt.decoding.cache.LMCache`, not a transformers
 ``Cache``: transformers' caches hold one key/value pair per layer, while an HKT layer holds keys
 at every level, the current coarse queries and the convolution windows. The model therefore
 tells ``generate`` not to build a ``DynamicCache`` and creates its own cache on the first
@@ -131,6 +131,14 @@ class HKTForCausalLM(PreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self):
         return self.lm.lm_head
+
+    def generate(self, inputs=None, *args, **kwargs):
+        """``GenerationMixin.generate``; an empty batch (0 prompts) returns its empty input
+        (transformers' stopping criteria cannot reduce over zero sequences)."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[0] == 0:
+            return ids
+        return super().generate(inputs, *args, **kwargs)
 
     def new_cache(self) -> LMCache:
         return self.lm.new_cache()

@@ -99,7 +99,7 @@ class GLFusionTrainConfig:
     lora_alpha: int = 16  # LoRA alpha
     message_passing_layers: list[int] | None = None  # default every 4th from 0
     cross_attention_layers: list[int] | None = None  # default every 4th from 3
-    # The recipe (this project's, beside the paper's defaults: see the README)
+    # The recipe (this project's, beside the paper's defaults: see docs/glfusion.md)
     message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update
     target_marker: bool = False  # a learned vector on the target node's token
     lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
