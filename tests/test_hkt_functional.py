@@ -386,3 +386,47 @@ def test_without_impl_the_call_runs_the_auto_choice(monkeypatch):
     hkt_attention(q, k, v, lam, dropout_p=0.1)
     assert ran == [resolve_impl("auto", "cpu"), resolve_impl("auto", "cpu", 0.1)]
     assert "reference" not in ran and ran[1] == "sdpa"
+
+
+@pytest.mark.parametrize("impl", ALL)
+@pytest.mark.parametrize("scale", [0.0, -0.5, math.nan, math.inf, True])
+def test_a_scale_that_is_not_finite_and_positive_is_one_error_on_every_path(impl, scale):
+    """scale 0 or < 0 gave NaN on the SDPA path where the reference was finite, and NaN gave
+    finite numbers on the C++ path: every path now refuses it the same way."""
+    q, k, v, theta, _ = make_inputs(8, 2, 2)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        hkt_attention(q, k, v, torch.softmax(theta, -1), impl=impl, scale=scale)
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_a_positive_scale_matches_the_reference_on_every_path(impl):
+    q, k, v, theta, _ = make_inputs(12, 2, 2)
+    lam = torch.softmax(theta, -1)
+    ref = hkt_attention(q, k, v, lam, impl="reference", scale=0.3)
+    torch.testing.assert_close(hkt_attention(q, k, v, lam, impl=impl, scale=0.3), ref)
+    assert not torch.allclose(ref, hkt_attention(q, k, v, lam, impl="reference"))
+
+
+@pytest.mark.parametrize("impl", ALL)
+def test_a_head_dim_of_zero_is_one_error(impl):
+    q, k, v, theta, _ = make_inputs(8, 2, 2)
+    lam = torch.softmax(theta, -1)
+    empty = lambda xs: [x[..., :0] for x in xs]  # noqa: E731
+    with pytest.raises(ValueError, match="head dims must be >= 1"):
+        hkt_attention(empty(q), empty(k), v, lam, impl=impl)
+    with pytest.raises(ValueError, match="head dims must be >= 1"):
+        hkt_attention(q, k, v[..., :0], lam, impl=impl)
+
+
+def test_the_layer_runs_forward_and_backward_on_the_meta_device():
+    """The SDPA path makes no data-dependent host decision: on `meta` tensors (no data) any
+    bool(tensor) or .item() would raise."""
+    from structattn.hkt import HKTAttention, HKTConfig
+
+    layer = HKTAttention(HKTConfig(d_model=32, n_heads=4, n_levels=3, causal=True, impl="sdpa"))
+    layer = layer.to("meta")
+    x = torch.randn(2, 40, 32, device="meta", requires_grad=True)
+    y = layer(x)
+    assert y.shape == (2, 40, 32) and y.device.type == "meta"
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
