@@ -359,3 +359,27 @@ def test_compiled_step_treats_odd_input_like_the_pytorch_step(bad):
     assert torch.equal(got.isnan(), ref.isnan())
     # outputs reach 1e299 for the huge input: equal to rounding, relative to their size
     assert torch.allclose(got, ref, atol=1e-10, rtol=1e-12, equal_nan=True)
+
+
+def test_an_empty_batch_gives_empty_outputs_on_every_path():
+    """Batch size 0 raised reshape / max() errors in the layer, the LM, its cache and
+    generate; the functional form already handled it."""
+    from structattn.hkt import CausalLM, HKTAttention, HKTConfig, ModelConfig
+    from structattn.hkt.hf import HKTForCausalLM, HKTLMConfig
+
+    layer = HKTAttention(HKTConfig(d_model=16, n_heads=2, n_levels=3, causal=True))
+    x = torch.randn(0, 10, 16, requires_grad=True)
+    y = layer(x, key_padding_mask=torch.ones(0, 10, dtype=torch.bool))
+    assert y.shape == (0, 10, 16)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    lm = CausalLM(ModelConfig(vocab_size=20, max_len=32, d_model=16, n_heads=2, dropout=0.0))
+    lm = lm.eval()
+    none = torch.zeros(0, 5, dtype=torch.long)
+    assert lm(none).logits.shape == (0, 5, 20)
+    cache = lm.new_cache()
+    assert lm(none, cache=cache).logits.shape == (0, 5, 20)
+    assert lm(none[:, :1], cache=cache).logits.shape == (0, 1, 20)
+    model = HKTForCausalLM(HKTLMConfig(vocab_size=20, max_len=32, d_model=16, n_heads=2))
+    out = model.generate(none[:, :3], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (0, 3)

@@ -168,9 +168,9 @@ class HKTAttention(nn.Module):
         return self.beta_fixed
 
     def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
+        B, T, width = x.shape
         H = self.config.n_heads
-        return x.view(B, T, H, -1).transpose(1, 2)  # (B, H, T, d)
+        return x.view(B, T, H, width // H).transpose(1, 2)  # (B, H, T, d); B = 0 works too
 
     def levels(self, x: Tensor) -> list[Tensor]:
         """Inputs of every level ``[X^0, ..., X^{L-1}]``, level ``l`` of shape ``(B, T_l, D)``."""

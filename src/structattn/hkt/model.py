@@ -308,6 +308,8 @@ class Encoder(nn.Module):
             )
         if mask is not None and not bool(mask.all()):
             raise ValueError("tokens decoded with a cache must all be real (mask all True)")
+        if B == 0:  # an empty batch: nothing to cache, an empty output
+            return self.norm(self.tok(tokens))
         pos = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # (B, T)
         if T and int(pos.max()) >= self.config.max_len:
             raise ValueError(
