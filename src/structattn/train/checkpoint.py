@@ -113,10 +113,13 @@ def load_weights(model: nn.Module, path: Path, partial: bool = False) -> None:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state in types that ``torch.load(weights_only=True)`` reads: numpy's
+    key array travels as a tensor, so a state file never needs numpy's unpickling."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -126,7 +129,9 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((kind, keys.astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -195,6 +200,24 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return None
 
 
+def _numpy_globals() -> list[Any]:
+    """What numpy's pickled arrays need (state files written before the RNG state travelled as
+    tensors hold numpy's key array): array reconstruction and dtypes, nothing that runs code."""
+    from numpy import dtypes
+
+    core = getattr(np, "_core", None) or np.core
+    found = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    return found + [getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType")]
+
+
+def _load_state(state_file: Path) -> Any:
+    """``state.pt`` through ``torch.load(weights_only=True)``: tensors, numbers, strings and
+    containers (plus numpy arrays of older files); a file holding any other object is refused
+    before it can run (a pickled ``__reduce__`` never executes)."""
+    with torch.serialization.safe_globals(_numpy_globals()):
+        return torch.load(state_file, weights_only=True, map_location="cpu")
+
+
 def _read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Weights and state of one checkpoint, checked: both files readable, the step matches the
     folder name, every floating-point weight finite. Raises ``ValueError`` saying what is wrong."""
@@ -207,8 +230,8 @@ def _read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     except Exception as err:  # safetensors raises its own error types for damaged files
         raise ValueError(f"{weights_file} cannot be read ({type(err).__name__}: {err})") from None
     try:
-        state = torch.load(state_file, weights_only=False)
-    except Exception as err:  # truncated zip, unpickling errors, ...
+        state = _load_state(state_file)
+    except Exception as err:  # truncated zip, unpickling errors, a refused object, ...
         raise ValueError(f"{state_file} cannot be read ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{state_file} holds no training state")
