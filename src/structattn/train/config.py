@@ -18,6 +18,8 @@ values raise :class:`~structattn.errors.ConfigError` naming the key (``train.max
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -74,6 +76,9 @@ class OptimConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 = off)
 
     def __post_init__(self) -> None:
+        for name in ("lr", "weight_decay", "beta1", "beta2", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"optim.{name} must be a finite number, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -305,31 +310,64 @@ def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
 
 
 def find_config(name_or_path: str | Path) -> Path:
-    """A YAML path as given, ``./configs/<name>.yaml``, or a shipped experiment
-    (``listops-hkt``, ``glfusion``, ...) from the installed package."""
+    """A shipped experiment by name (``listops-hkt``, ``glfusion``, ...: always the installed
+    package's file, whatever folders the working directory holds), or a YAML path as given
+    (anything with a ``.yaml``/``.yml`` suffix or a folder separator)."""
+    text = str(name_or_path)
     path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for folder in (Path("configs"), CONFIG_DIR):
-        candidate = folder / f"{name_or_path}.yaml"
-        if candidate.is_file():
-            return candidate
+    if path.suffix in (".yaml", ".yml") or "/" in text or "\\" in text:
+        if path.is_file():
+            return path
+        raise ConfigError(f"config file {text!r} not found")
+    candidate = CONFIG_DIR / f"{text}.yaml"
+    if candidate.is_file():
+        return candidate
     shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise ConfigError(
-        f"config {str(name_or_path)!r} not found: give a YAML path or one of {shipped}"
-    )
+    raise ConfigError(f"config {text!r} not found: give a YAML path or one of {shipped}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    silently keeps the last: ``optim: {lr: 0.002, lr: 5.0}`` trained at 5.0)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            line = key_node.start_mark.line + 1
+            raise ConfigError(f"key {key!r} is given twice in one mapping (line {line})")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping
+)
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file with unique keys; bad YAML or a repeated key is a ConfigError naming it."""
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
 
 
 def load_preset(name_or_path: str | Path, preset: str) -> tuple[Path, dict[str, Any]]:
     """The mapping of one preset of an experiment file, and the file's path."""
     path = find_config(name_or_path)
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    print(f"config: {path} [{preset}]", file=sys.stderr)
+    doc = read_yaml(path) or {}
     if not isinstance(doc, dict) or preset not in doc:
         has = sorted(doc) if isinstance(doc, dict) else []
         raise ConfigError(f"{path}: no preset {preset!r} (has {has})")
+    if not isinstance(doc[preset], dict | None):
+        kind = type(doc[preset]).__name__
+        raise ConfigError(f"{path}: preset {preset!r} must be a mapping of keys, got a {kind}")
     return path, dict(doc[preset] or {})
 
 
