@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -436,3 +439,47 @@ def test_ablations_train_each_variant_on_the_same_seed(data_dir, tmp_path):
         f"hkt - {v}" for v in ABLATIONS[1:]
     }
     assert "HKT with fixed uniform λ" in (tmp_path / "quick" / "results.md").read_text()
+
+
+def test_a_finished_run_is_never_overwritten_by_a_fresh_one(data_dir, tmp_path):
+    """With its checkpoints deleted (to save space), a finished run was silently replaced."""
+    cfg = tiny("listops", "hkt", data_dir, tmp_path / "r", max_steps=4, eval_every=2)
+    train(cfg, progress=False)
+    run = tmp_path / "r"
+    shutil.rmtree(run / "checkpoints")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match=r"already holds results \(final.json, best.safetensors"):
+        train(cfg, progress=False)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_run_folder_held_by_another_process_is_refused_naming_its_pid(data_dir, tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(run / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+         "print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cfg = tiny("listops", "hkt", data_dir, run, max_steps=2, eval_every=2)
+        with pytest.raises(ValueError, match=f"in use by another process \\(PID {holder.pid}\\)"):
+            train(cfg, progress=False)
+        assert not (run / "metrics.csv").exists() and not (run / "config.yaml").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    train(cfg, progress=False)  # the holder gone, the folder is free
+    assert (run / "final.json").is_file()
+
+
+def test_a_run_dir_that_is_a_file_is_one_error(data_dir, tmp_path):
+    (tmp_path / "f").write_text("x")
+    for run in (tmp_path / "f", tmp_path / "f" / "inside"):
+        cfg = tiny("listops", "hkt", data_dir, run, max_steps=2, eval_every=2)
+        with pytest.raises(ValueError, match="is a file, not a folder"):
+            train(cfg, progress=False)

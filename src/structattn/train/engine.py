@@ -80,6 +80,13 @@ __all__ = [
 ]
 
 METRIC_FIELDS = ["step", "split", "loss", "acc", "lr", "step_ms"]
+#: The advisory lock file of a run folder (held by the process writing it).
+LOCK_FILE = ".lock"
+#: Files whose presence means a run folder holds results that a fresh run must not overwrite.
+RESULT_FILES = ("final.json", "results.json", "best.safetensors", "best")
+#: Run folders whose lock this process holds (resolved path -> open descriptor): released when
+#: the process ends, however it ends.
+_HELD_LOCKS: dict[Path, int] = {}
 
 
 class NonFiniteLossError(RuntimeError):
@@ -360,12 +367,50 @@ class Engine:
     def device(self) -> torch.device:
         return self.accelerator.device
 
+    def _lock_run_dir(self) -> None:
+        """One writer per run folder: an advisory lock on ``run_dir/.lock`` held for this
+        process's life (the file descriptor stays open on the engine); a second process is
+        refused naming the holder's PID. Runs one after another in one process share it."""
+        import fcntl
+
+        for parent in (self.run_dir, *self.run_dir.parents):
+            if parent.exists() and not parent.is_dir():
+                raise RunError(f"run_dir {self.run_dir}: {parent} is a file, not a folder")
+        key = self.run_dir.resolve()
+        if key in _HELD_LOCKS:
+            return
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise RunError(f"run_dir {self.run_dir} cannot be written ({err.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunError(
+                f"{self.run_dir} is in use by another process (PID {holder}); one writer per "
+                "run folder: wait for it, or choose another run_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD_LOCKS[key] = fd
+
     def _check_run_dir(self, resumable: frozenset[str]) -> None:
+        if self.is_main:
+            self._lock_run_dir()
         has_checkpoints = bool(checkpoint_dirs(self.ckpt_dir))
         if not self.resume and has_checkpoints:
             raise RunError(
                 f"{self.run_dir} already holds checkpoints: pass --resume to continue, "
                 "or choose another run_dir"
+            )
+        results = [n for n in RESULT_FILES if (self.run_dir / n).exists()]
+        if not self.resume and results:
+            raise RunError(
+                f"{self.run_dir} already holds results ({', '.join(results)}) and is never "
+                "overwritten by a fresh run: choose another run_dir, or remove the folder"
             )
         if self.resume and not has_checkpoints:
             raise RunError(f"--resume: {self.ckpt_dir} holds no checkpoint to resume from")
