@@ -96,7 +96,7 @@ def run_glfusion(root: Path) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizer, LlamaConfig, LlamaForCausalLM
 
     from structattn.data.graphs import WORDNET_NOUN_CLASSES
-    from structattn.train.glfusion import build_glfusion_config, train_glfusion
+    from structattn.experiments.glfusion import build_glfusion_config, train_glfusion
 
     _wordnet(root / "gdata" / "wordnet" / "data.noun")
     names = sorted({n.removeprefix("noun.").lower() for n in WORDNET_NOUN_CLASSES})

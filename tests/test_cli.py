@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -45,9 +46,30 @@ def test_glfusion_cli_rejects_unknown_preset_and_subcommand():
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
+def test_glfusion_help_lists_its_three_commands_and_the_presets():
+    def run(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "structattn.cli", "glfusion", *argv],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},  # one line per flag
+        )
+
+    top = run("--help")
+    assert top.returncode == 0, top.stderr
+    assert all(name in top.stdout for name in ("train", "predict", "ablate"))
+    train = run("train", "--preset", "recipe", "--help")
+    assert train.returncode == 0, train.stderr
+    assert "--config" in train.stdout and "quick | paper | recipe" in train.stdout
+    assert "(default: labels)" in train.stdout  # the recipe preset's lm_loss is the default
+    ablate = run("ablate", "--help")
+    assert ablate.returncode == 0 and "--summary-only" in ablate.stdout
+    assert "--no-summary-only" not in ablate.stdout  # the flags it always had, no more
+
+
 def test_glfusion_config_file_parses():
 
-    from structattn.train.glfusion import load_glfusion
+    from structattn.experiments.glfusion import load_glfusion
 
     quick, paper = (load_glfusion("glfusion", k) for k in ("quick", "paper"))
     assert quick.dataset == "wordnet" and paper.dataset == "arxiv"

@@ -598,7 +598,7 @@ def test_label_restricted_lm_loss_is_the_ce_over_label_scores():
 
 
 def test_param_groups_and_the_ensemble_weight_chosen_on_validation():
-    from structattn.train.glfusion import (
+    from structattn.experiments.glfusion import (
         GLFusionTrainConfig,
         choose_ensemble_weight,
         glfusion_param_groups,

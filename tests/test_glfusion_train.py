@@ -10,7 +10,7 @@ from helpers import tiny_llama, word_tokenizer
 from transformers import BertConfig, BertModel, BertTokenizer
 
 from structattn.data.graphs import WORDNET_NOUN_CLASSES
-from structattn.train.glfusion import build_glfusion_config, train_glfusion
+from structattn.experiments.glfusion import build_glfusion_config, train_glfusion
 
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
@@ -263,7 +263,7 @@ def test_recipe_trains_end_to_end(tmp_path):
 
 def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
     from structattn.data.graphs import TextAttributedGraph
-    from structattn.train.glfusion import run_baselines
+    from structattn.experiments.glfusion import run_baselines
 
     n, K = 240, 4
     g = torch.Generator().manual_seed(0)
@@ -297,7 +297,7 @@ def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
 
 
 def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
-    from structattn.train.glfusion import predict_nodes
+    from structattn.experiments.glfusion import predict_nodes
 
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     llm, encoder = _tiny_models(tmp_path)
@@ -310,9 +310,9 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
     fresh_llm, _ = _tiny_models(tmp_path)  # the same base weights (seeded), as from disk
     # the saved run predicts its own test targets as its evaluation did
-    from structattn.train.glfusion import _targets, load_graph
+    from structattn.experiments.glfusion import load_graph, sample_targets
 
-    test_nodes = _targets(load_graph(cfg), "test", 3, cfg.seed)
+    test_nodes = sample_targets(load_graph(cfg), "test", 3, cfg.seed)
     test_rows = predict_nodes(tmp_path / "run", test_nodes, llm=fresh_llm, encoder=encoder)
     hits = sum(r["predicted"] == r["true"] for r in test_rows) / 3
     assert abs(hits - results["heads"]["test"]["ensemble"]) < 1e-9
@@ -341,7 +341,7 @@ def test_glfusion_ablations_one_table(tmp_path):
     import pytest
 
     from structattn.errors import RunError
-    from structattn.train.glfusion import ablate_glfusion
+    from structattn.experiments.glfusion import ablate_glfusion
 
     _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     tiny = dict(TINY, data_dir=tmp_path / "data", max_train=4, max_val=3, max_test=3,

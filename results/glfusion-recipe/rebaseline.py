@@ -3,15 +3,16 @@ targets, subgraphs, encodings), and rewrite its results.json / results.md beside
 import json, sys
 from pathlib import Path
 import torch, yaml
-from structattn.train.glfusion import (_targets, build_glfusion_config, load_graph, run_baselines,
-                                       results_table, default_data_dir)
+from structattn.data.base import default_data_dir
+from structattn.experiments.glfusion import (build_glfusion_config, load_graph, results_table,
+                                             run_baselines, sample_targets)
 from structattn.data.graphs import sample_subgraph
 from structattn.glfusion.loading import EncodingCache, load_text_encoder
 run = Path(sys.argv[1])
 values = yaml.safe_load((run / "config.yaml").read_text()); values["resume"] = False
 cfg = build_glfusion_config(values)
 graph = load_graph(cfg)
-targets = {s: _targets(graph, s, n, cfg.seed) for s, n in (("train", cfg.max_train), ("val", cfg.max_val), ("test", cfg.max_test))}
+targets = {s: sample_targets(graph, s, n, cfg.seed) for s, n in (("train", cfg.max_train), ("val", cfg.max_val), ("test", cfg.max_test))}
 universe = sorted({int(v) for ts in targets.values() for t in ts
                    for v in sample_subgraph(graph, t, cfg.num_hops, cfg.max_nodes, cfg.seed)[0]})
 enc_model, enc_tok = load_text_encoder(cfg.encoder)

@@ -10,6 +10,8 @@
     structattn ablate [--preset quick] [--task listops] [--seeds 0 1 2]
     structattn diagnose RUN_DIR
     structattn glfusion train [--preset quick|recipe|paper] [--dataset wordnet|arxiv|file]
+    structattn glfusion predict RUN_DIR --nodes ID [ID ...]
+    structattn glfusion ablate [--preset recipe] [--seeds 0 1 2]
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
 subcommand lists them with their defaults. Bad input (a config key, value, preset, data file or
@@ -325,71 +327,6 @@ def _parse(cls, base, args: list[str], prog: str, description: str):
         raise ConfigError(str(err)) from None
 
 
-def glfusion_main(argv: list[str]) -> None:
-    """``structattn glfusion train``: a preset of the glfusion experiment file, then flags."""
-    from structattn.train.glfusion import (
-        GLFusionTrainConfig,
-        load_glfusion,
-        results_table,
-        train_glfusion,
-    )
-
-    if argv and argv[0] == "predict":
-        from structattn.train.glfusion import predict_nodes
-
-        pre = argparse.ArgumentParser(
-            prog="structattn glfusion predict",
-            description="Classify nodes of a run's graph with its best weights.",
-        )
-        pre.add_argument("run_dir", help="a GL-Fusion run directory (with best/)")
-        pre.add_argument("--nodes", type=int, nargs="+", required=True, help="node ids")
-        args = pre.parse_args(argv[1:])
-        for row in predict_nodes(args.run_dir, args.nodes):
-            print(json.dumps(row))
-        return
-    if argv and argv[0] == "ablate":
-        from structattn.train.glfusion import GLFUSION_ABLATIONS, ablate_glfusion
-
-        pre = argparse.ArgumentParser(
-            prog="structattn glfusion ablate",
-            description="GL-Fusion's ablations and the baselines, one table (results/glfusion).",
-        )
-        pre.add_argument("--preset", default="recipe", help="quick | recipe | paper")
-        pre.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-        pre.add_argument("--variants", nargs="+", default=list(GLFUSION_ABLATIONS),
-                         choices=list(GLFUSION_ABLATIONS))  # fmt: skip
-        pre.add_argument("--out-dir", default="results/glfusion")
-        pre.add_argument("--no-progress", action="store_true")
-        pre.add_argument("--summary-only", action="store_true",
-                         help="train nothing: table the finished runs")  # fmt: skip
-        args = pre.parse_args(argv[1:])
-        out = ablate_glfusion(args.preset, tuple(args.seeds), args.out_dir, tuple(args.variants),
-                              progress=not args.no_progress,
-                              train_missing=not args.summary_only)  # fmt: skip
-        print(out["table"])
-        return
-    if not argv or argv[0] != "train":
-        raise ConfigError(
-            "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
-            "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] "
-            "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2]"
-        )
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default="glfusion")
-    pre.add_argument("--preset", default="quick")
-    known, rest = pre.parse_known_args(argv[1:])
-    base = load_glfusion(known.config, known.preset)
-    cfg = _parse(
-        GLFusionTrainConfig,
-        base,
-        rest,
-        "structattn glfusion train",
-        "Train GL-Fusion; --config (default: the shipped glfusion.yaml) and --preset "
-        "quick|recipe|paper choose the defaults below; flags override them.",
-    )
-    print(results_table(train_glfusion(cfg)))
-
-
 def train_main(argv: list[str]) -> None:
     """``structattn train``: a YAML preset, then dataclass flags on top of it."""
     from structattn.train.config import ExperimentConfig, load_experiment
@@ -436,7 +373,7 @@ SUMMARIES = {
     "diagnose": "Measure the paper's theory on a trained HKT run (report and plots).",
     "lm": "Train a byte-level HKT or MHA language model: bits per byte and samples.",
     "generate": "Continue a prompt with a trained language model (`structattn lm`).",
-    "glfusion": "GL-Fusion: `structattn glfusion train` on a text-attributed graph.",
+    "glfusion": "GL-Fusion on a text-attributed graph: train, predict, ablate.",
     "data": "Fetch the offline stand-in datasets; summarise a task's data.",
     "params": "Parameter counts of HKT and the MHA baseline from one config.",
     "cost": "Score-FLOP ratio of HKT against standard attention.",
@@ -461,6 +398,8 @@ def main(argv: list[str] | None = None) -> None:
             train_main(argv[1:])
             return
         if argv[0] == "glfusion":
+            from structattn.experiments.glfusion.commands import main as glfusion_main
+
             glfusion_main(argv[1:])
             return
         if argv[0] == "lm":

@@ -411,37 +411,18 @@ class GLFusionForCausalLM(nn.Module):
         from transformers import DynamicCache
 
         B, S = input_ids.shape
-        if S == 0:
-            raise ValueError("cannot generate from an empty prompt (no tokens)")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        mask, next_pos = self._generation_start(input_ids, attention_mask, max_new_tokens)
         if do_sample and temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
-        if tuple(mask.shape) != (B, S):
-            raise ValueError(f"attention_mask must be (B, S) = {(B, S)}, got {tuple(mask.shape)}")
-        real = mask.bool()
-        if not bool(real.any(-1).all()):
-            raise ValueError("cannot generate from an empty prompt (a row without real tokens)")
-        inner = _inner(self.base)
-        limit = getattr(inner.config, "max_position_embeddings", None)
-        node_mask = input_ids == self.config.node_id
-        positions = node_position_ids(node_mask, mask)
-        next_pos = positions.max(-1).values + 1  # (B,)
-        if limit is not None and int(next_pos.max()) + max_new_tokens > limit:
-            raise ValueError(
-                f"prompt + max_new_tokens reach position {int(next_pos.max()) + max_new_tokens}, "
-                f"past the base model's max_position_embeddings={limit}"
-            )
         generator = None
         if seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
 
-        cache = DynamicCache(config=inner.config)
+        cache = DynamicCache(config=_inner(self.base).config)
         logits = self._pass(input_ids, mask, graph, cache).logits  # the prefill
-        last = S - 1 - real.flip(-1).long().argmax(-1)  # (B,) last real column
+        last = S - 1 - mask.bool().flip(-1).long().argmax(-1)  # (B,) last real column
         step_logits = logits[torch.arange(B, device=logits.device), last]  # (B, vocab)
-        after_graph = node_mask.any(-1)
+        after_graph = (input_ids == self.config.node_id).any(-1)
         cfg = self.config
         special = torch.tensor(
             [cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=input_ids.device
@@ -466,6 +447,28 @@ class GLFusionForCausalLM(nn.Module):
             )
         out = torch.stack(tokens, dim=1)
         return (out, torch.stack(chosen, dim=1)) if return_logits else out
+
+    def _generation_start(self, input_ids, attention_mask, max_new_tokens: int):
+        """The checked prompt mask ``(B, S)`` long and each row's next position ``(B,)``."""
+        B, S = input_ids.shape
+        if S == 0:
+            raise ValueError("cannot generate from an empty prompt (no tokens)")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
+        if tuple(mask.shape) != (B, S):
+            raise ValueError(f"attention_mask must be (B, S) = {(B, S)}, got {tuple(mask.shape)}")
+        if not bool(mask.bool().any(-1).all()):
+            raise ValueError("cannot generate from an empty prompt (a row without real tokens)")
+        limit = getattr(_inner(self.base).config, "max_position_embeddings", None)
+        positions = node_position_ids(input_ids == self.config.node_id, mask)
+        next_pos = positions.max(-1).values + 1  # (B,)
+        if limit is not None and int(next_pos.max()) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt + max_new_tokens reach position {int(next_pos.max()) + max_new_tokens}, "
+                f"past the base model's max_position_embeddings={limit}"
+            )
+        return mask, next_pos
 
     @staticmethod
     def _choose(logits, do_sample, temperature, top_k, generator) -> Tensor:

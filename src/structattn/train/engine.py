@@ -1,6 +1,6 @@
 """The training engine both systems share: one loop, any device, any number of processes.
 
-An experiment (``structattn.train.hkt``, ``structattn.train.glfusion``) builds its data and
+An experiment (``structattn.train.hkt``, ``structattn.experiments.glfusion``) builds its data and
 model and hands them to :class:`Engine`; the engine owns everything else:
 
 * ``accelerate`` setup (mixed precision, device, processes) and device placement of every batch

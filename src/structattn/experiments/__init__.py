@@ -1,0 +1,1 @@
+"""Experiments on the shared engine: each brings its data, model, evaluation and report."""

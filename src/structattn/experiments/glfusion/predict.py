@@ -1,0 +1,95 @@
+"""Predictions of a finished GL-Fusion run for any nodes of its graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from structattn.data.graphs import TextAttributedGraph
+from structattn.errors import ConfigError, RunError
+from structattn.glfusion.loading import load_llm, load_text_encoder
+from structattn.glfusion.modeling import GLFusionForCausalLM
+from structattn.glfusion.prompts import label_token_ids
+
+from .config import (
+    LLM_DTYPES,
+    GLFusionTrainConfig,
+    build_glfusion_config,
+    encoding_cache,
+    load_graph,
+)
+from .evaluation import head_probabilities
+from .targets import prompt_examples
+
+__all__ = ["load_run_config", "predict_nodes"]
+
+
+def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
+    """The config a GL-Fusion run was trained with (``config.yaml``); it must have ``best/``."""
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise RunError(f"{config_path} not found: is {run_dir} a GL-Fusion run directory?")
+    if not (run_dir / "best" / "glfusion_config.json").is_file():
+        raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
+    try:
+        values = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RunError(f"{config_path} is not valid YAML ({err})") from None
+    values["resume"] = False
+    return build_glfusion_config(values)
+
+
+def _ensemble_weight(run_dir: Path, cfg: GLFusionTrainConfig) -> float:
+    """The weight the run evaluated its ensemble with (its results), else its config's."""
+    saved = run_dir / "results.json"
+    results = json.loads(saved.read_text()) if saved.is_file() else {}
+    default = cfg.ensemble_weight if cfg.ensemble_weight is not None else 0.5
+    return results.get("ensemble_weight", default)
+
+
+def predict_nodes(
+    run_dir: str | Path,
+    node_ids: list[int],
+    llm=None,
+    encoder=None,
+    graph: TextAttributedGraph | None = None,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """Classify nodes of the run's graph (any ids: new targets, not only the run's test set) with
+    a saved run's best weights: per node the GNN, LM and ensemble distributions (the run's
+    ensemble weight) and the predicted label name.
+
+    ``llm``, ``encoder`` (``(model, tokenizer)``) and ``graph`` default to what the run's
+    ``config.yaml`` names; pass them for models or graphs that are not on disk."""
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir)
+    graph = graph if graph is not None else load_graph(cfg)
+    bad = [v for v in node_ids if not 0 <= int(v) < graph.num_nodes]
+    if bad or not node_ids:
+        raise ConfigError(f"node ids must be in 0..{graph.num_nodes - 1}, got {bad or node_ids}")
+    base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
+    enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
+    model = GLFusionForCausalLM.from_pretrained(run_dir / "best", base).eval()
+    weight = _ensemble_weight(run_dir, cfg)
+    examples = prompt_examples(graph, node_ids, tokenizer, model.config, cfg)
+    cache = encoding_cache(cfg, enc_model, enc_tok)
+    label_ids = label_token_ids(graph, tokenizer)
+    probs = head_probabilities(model, examples, cache.get, label_ids, batch_size)
+    out = []
+    for i, v in enumerate(node_ids):
+        mix = weight * probs["gnn"][i] + (1 - weight) * probs["lm"][i]
+        out.append(
+            {
+                "node": int(v),
+                "predicted": graph.label_names[int(mix.argmax())],
+                "true": graph.label_names[int(graph.labels[int(v)])],
+                "ensemble": mix.tolist(),
+                "gnn": probs["gnn"][i].tolist(),
+                "lm": probs["lm"][i].tolist(),
+                "ensemble_weight": weight,
+            }
+        )
+    return out

@@ -1,0 +1,132 @@
+"""The markdown tables: one run's results beside the baselines and the paper, and the
+ablations over seeds with their paired differences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structattn.train.stats import mean_std
+
+from .baselines import BASELINE_NAMES
+
+__all__ = ["PAPER_ARXIV", "ablation_table", "results_table"]
+
+#: The paper's ogbn-arxiv test accuracies (%), Llama-3-8B.
+PAPER_ARXIV = {"ensemble": 78.20, "gnn": 77.09, "lm": 76.43}
+
+#: The three heads as the results table names them.
+HEAD_NAMES = {
+    "ensemble": "GL-Fusion ensemble (GNN + LM)",
+    "gnn": "GL-Fusion GNN head",
+    "lm": "GL-Fusion LM head (label names scored)",
+}
+
+
+def _data(r: dict[str, Any]) -> str:
+    return r["data_source"] + (" **(stand-in)**" if r["stand_in"] else "")
+
+
+def results_table(r: dict[str, Any]) -> str:
+    """One run: val / test accuracy of each head and baseline, the paper's column beside."""
+    p = r["paper_ogbn_arxiv"]
+    h, b = r["heads"], r["baselines"]
+    rows = [(name, h["val"][k], h["test"][k], p[k]) for k, name in HEAD_NAMES.items()]
+    rows += [
+        (name, b[k]["val"], b[k]["test"], None) for k, name in BASELINE_NAMES.items() if k in b
+    ]
+    lines = [
+        f"GL-Fusion node classification on {_data(r)}; LLM {r['llm']}; targets "
+        f"{r['targets']}. Accuracy (%); the paper's column is ogbn-arxiv with Llama-3-8B.",
+        "",
+        "| model | val | test | paper (ogbn-arxiv) |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, val, test, paper in rows:
+        lines.append(
+            f"| {name} | {100 * val:.2f} | {100 * test:.2f} | "
+            f"{'-' if paper is None else f'{paper:.2f}'} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Median training step {r['median_step_ms'] or float('nan'):.0f} ms; "
+        f"wall time {r['wall_s'] / 60:.1f} min."
+    )
+    return "\n".join(lines)
+
+
+def _cell(values: list[float]) -> str:
+    m, s = mean_std([100 * v for v in values])
+    return f"{m:.2f} ± {s:.2f}"
+
+
+def _variant_row(variant: str, runs: dict[int, dict]) -> str:
+    if not runs:
+        return f"| GL-Fusion {variant} | none finished | - | - | - | - |"
+    done = sorted(runs)
+    rs = [runs[s] for s in done]
+    heads = {h: _cell([r["heads"]["test"][h] for r in rs]) for h in ("ensemble", "gnn", "lm")}
+    for h in ("gnn", "lm"):  # a head its variant does not train is not a result
+        if any(r.get("heads_trained", "both") not in ("both", h) for r in rs):
+            heads[h] = "(not trained)"
+    weights = sorted({r["ensemble_weight"] for r in rs})
+    return (
+        f"| GL-Fusion {variant} | {', '.join(map(str, done))} | {heads['ensemble']} | "
+        f"{heads['gnn']} | {heads['lm']} | {', '.join(f'{w:g}' for w in weights)} |"
+    )
+
+
+def _baseline_rows(full: dict[int, dict]) -> list[str]:
+    ordered = sorted(full)
+    rows = []
+    for key, name in BASELINE_NAMES.items():
+        vals = [full[s]["baselines"][key]["test"] for s in ordered if key in full[s]["baselines"]]
+        if vals:
+            rows.append(f"| {name} | {', '.join(map(str, ordered))} | {_cell(vals)} | - | - | - |")
+    return rows
+
+
+def _difference(d: dict[str, Any]) -> str:
+    return f"{d['mean']:+.2f} | [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+
+
+def _comparison_rows(stats: dict[str, Any]) -> list[str]:
+    best_key, diff = stats["best_label_baseline"], stats["full_minus_best_label_baseline"]
+    verdict = {"a better": "GL-Fusion better", "b better": f"{best_key} better"}.get(
+        diff["verdict"], "inconclusive"
+    )
+    rows = [
+        "",
+        "| comparison (paired by seed) | Δ mean (pp) | 95% interval | verdict |",
+        "|---|---:|---|---|",
+        f"| GL-Fusion full ensemble − {BASELINE_NAMES[best_key]} | {_difference(diff)} | "
+        f"{verdict} |",
+    ]
+    for variant, d in stats["ablation_minus_full"].items():
+        word = {"a better": "the ablation is better", "b better": "costs accuracy"}.get(
+            d["verdict"], "inconclusive"
+        )
+        if len(d["seeds"]) < 2:
+            word += " (one seed: no interval)"
+        rows.append(f"| GL-Fusion {variant} − full (ensemble) | {_difference(d)} | {word} |")
+    return rows
+
+
+def ablation_table(
+    preset: str, variants: tuple[str, ...], runs: dict[str, dict[int, dict]], stats: dict
+) -> str:
+    """Test accuracy mean ± std per variant and baseline, then the paired differences
+    (``stats`` from :func:`~structattn.experiments.glfusion.ablate.ablation_statistics`)."""
+    full = runs["full"]
+    ordered = sorted(full)
+    first = full[ordered[0]]
+    lines = [
+        f"GL-Fusion ablations, preset `{preset}`, seeds {ordered}: test accuracy (%) mean ± std. "
+        f"Data: {_data(first)}; LLM {first['llm']}; targets {first['targets']}.",
+        "",
+        "| model | seeds | ensemble | GNN head | LM head | ensemble weight |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    lines += [_variant_row(v, runs.get(v, {})) for v in variants]
+    lines += _baseline_rows(full)
+    lines += _comparison_rows(stats)
+    return "\n".join(lines)

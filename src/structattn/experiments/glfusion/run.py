@@ -1,0 +1,207 @@
+"""A GL-Fusion node-classification run on the shared engine: the task (model, targets, prompts,
+encodings), training, evaluation of both heads and the ensemble, the baselines, the results."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from structattn.data.graphs import TextAttributedGraph
+from structattn.glfusion.configuration import GLFusionConfig
+from structattn.glfusion.loading import EncodingCache
+from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
+from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids
+from structattn.train.engine import Engine, FitResult, json_safe
+
+from .baselines import run_baselines
+from .config import (
+    DEFAULT_LLM,
+    GLFUSION_RESUMABLE,
+    GLFusionTrainConfig,
+    encoding_cache,
+    load_graph,
+    load_models,
+)
+from .evaluation import (
+    choose_ensemble_weight,
+    evaluate_heads,
+    gnn_accuracy,
+    head_accuracies,
+    head_probabilities,
+)
+from .groups import glfusion_param_groups
+from .report import PAPER_ARXIV, results_table
+from .targets import prompt_examples, split_targets
+
+__all__ = ["NodeClassification", "build_model", "train_glfusion"]
+
+
+def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int):
+    """GL-Fusion around ``base`` with LoRA adapters, as ``cfg`` configures it."""
+    gl_config = GLFusionConfig(
+        text_dim=text_dim,
+        num_node_classes=len(graph.label_names),
+        message_passing_layers=cfg.message_passing_layers,
+        cross_attention_layers=cfg.cross_attention_layers,
+        message_passing_norm=cfg.message_passing_norm,
+        target_marker=cfg.target_marker,
+        lm_loss_weight=0.0 if cfg.heads == "gnn" else 1.0,
+    )
+    model = apply_lora(
+        GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer),
+        r=cfg.lora_r,
+        alpha=cfg.lora_alpha,
+    )
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+@dataclass
+class NodeClassification:
+    """Node classification on a text-attributed graph: each target's prompt holds its sampled
+    subgraph; the twin predictor is trained on the training targets."""
+
+    cfg: GLFusionTrainConfig
+    graph: TextAttributedGraph
+    model: GLFusionForCausalLM
+    targets: dict[str, list[int]]
+    examples: dict[str, list[NodeExample]]
+    cache: EncodingCache
+    label_choices: list[list[int]]  # token ids of every label name after " Answer:"
+
+    @classmethod
+    def build(cls, cfg, graph=None, llm=None, encoder=None, progress: bool = False):
+        """Data, models, targets and prompts; every node text encoded once (cached)."""
+        graph = graph if graph is not None else load_graph(cfg)
+        (base, tokenizer), (enc_model, enc_tok) = load_models(cfg, llm, encoder)
+        model = build_model(cfg, graph, base, tokenizer, enc_model.config.hidden_size)
+        targets = split_targets(graph, cfg)
+        examples = {
+            s: prompt_examples(graph, ts, tokenizer, model.config, cfg) for s, ts in targets.items()
+        }
+        texts = list(dict.fromkeys(t for exs in examples.values() for ex in exs for t in ex.texts))
+        # One content-keyed cache per encoder folder, shared by runs: a text, encoder or length
+        # that changed can never be paired with a stale encoding.
+        cache = encoding_cache(cfg, enc_model, enc_tok)
+        cache.get(texts, progress=progress)  # encode everything missing, once
+        label_choices = label_token_ids(graph, tokenizer)
+        return cls(cfg, graph, model, targets, examples, cache, label_choices)
+
+    def encode(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        return self.cache.get(texts)
+
+    def collate(self, chunk: list[NodeExample]) -> dict[str, Any]:
+        """The keyword arguments of the model's training pass."""
+        if self.cfg.lm_loss == "labels":  # the prompt only; the LM loss is over the label names
+            batch = collate_examples(chunk, self.encode, with_labels=False)
+            keys = ("input_ids", "attention_mask", "graph", "node_labels", "classes")
+            out = {"label_choices": self.label_choices, **{k: batch[k] for k in keys}}
+        else:
+            batch = collate_examples(chunk, self.encode)
+            keys = ("input_ids", "attention_mask", "graph", "labels", "node_labels")
+            out = {k: batch[k] for k in keys}
+        if self.cfg.heads == "lm":  # the GNN head is not trained
+            out.pop("node_labels")
+        return out
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        """Validation accuracy of the head that is trained (the GNN head when both are), on the
+        first ``train.eval_batches`` evaluation batches when that is set."""
+        cfg, val = self.cfg, self.examples["val"]
+        if cfg.train.eval_batches is not None:
+            val = val[: cfg.train.eval_batches * cfg.eval_batch_size]
+        if cfg.heads == "lm":
+            acc = evaluate_heads(model, val, self.encode, self.label_choices, cfg.eval_batch_size)
+            return {"acc": acc["lm"]}
+        return {"acc": gnn_accuracy(model, val, self.encode, cfg.eval_batch_size)}
+
+    def evaluate(self, model: GLFusionForCausalLM, progress: bool = False):
+        """Val and test accuracy of both heads and the ensemble, and the ensemble's weight."""
+        cfg = self.cfg
+        probs = {
+            s: head_probabilities(
+                model, self.examples[s], self.encode, self.label_choices, cfg.eval_batch_size,
+                progress,
+            )
+            for s in ("val", "test")
+        }  # fmt: skip
+        weight = cfg.ensemble_weight
+        if cfg.heads != "both":  # one trained head: the ensemble is that head
+            weight = 1.0 if cfg.heads == "gnn" else 0.0
+        elif weight is None:
+            weight = choose_ensemble_weight(probs["val"])  # on validation, never test
+        return {s: head_accuracies(p, weight) for s, p in probs.items()}, weight
+
+    def baselines(self, progress: bool = False) -> dict[str, dict[str, float]]:
+        """The MLP / GraphSAGE baselines on the nodes the prompts hold, from their plain texts
+        (no label text at all), mean-pooled."""
+        exs = self.examples.values()
+        universe = sorted({int(v) for split in exs for ex in split for v in ex.nodes})
+        enc, mask = self.cache.get([self.graph.node_texts[v] for v in universe], progress=progress)
+        m = mask.unsqueeze(-1).float()
+        pooled = (enc.float() * m).sum(1) / m.sum(1).clamp_min(1)
+        cfg = self.cfg
+        return run_baselines(
+            self.graph, universe, pooled, self.targets, cfg.baseline_epochs, cfg.seed
+        )
+
+
+def _results(task: NodeClassification, heads, weight, baselines, fit: FitResult) -> dict:
+    cfg, graph = task.cfg, task.graph
+    return {
+        "dataset": graph.name,
+        "data_source": graph.source,
+        "stand_in": graph.stand_in,
+        "llm": str(cfg.llm or DEFAULT_LLM),
+        "targets": {k: len(v) for k, v in task.targets.items()},
+        "heads": heads,
+        "ensemble_weight": weight,
+        "ensemble_weight_chosen_on_val": cfg.ensemble_weight is None and cfg.heads == "both",
+        "heads_trained": cfg.heads,
+        "baselines": baselines,
+        "best_step": fit.best["step"],
+        "skipped_steps": fit.skipped_steps,
+        "median_step_ms": fit.median_step_ms,
+    }
+
+
+def train_glfusion(
+    cfg: GLFusionTrainConfig,
+    progress: bool = True,
+    llm=None,
+    encoder=None,
+    graph: TextAttributedGraph | None = None,
+) -> dict:
+    """Train and evaluate; returns (and writes) the results, or ``{"paused_at": step, ...}``
+    when ``train.stop_at`` paused the run. ``llm = (model, tokenizer)`` and
+    ``encoder = (model, tokenizer)`` may be passed in (tests); else they are loaded offline.
+    ``graph`` (e.g. ``TextAttributedGraph.from_pyg(...)``) replaces ``cfg.dataset``."""
+    started = time.perf_counter()
+    run_dir = Path(cfg.run_dir)
+    engine = Engine.for_experiment(
+        cfg, run_dir, "glfusion", progress, only_trainable=True, resumable=GLFUSION_RESUMABLE
+    )
+    task = NodeClassification.build(cfg, graph, llm, encoder, progress)
+    groups = glfusion_param_groups(task.model, cfg)
+    fit = engine.fit(task.model, task.examples["train"], task.collate, task.validate, groups=groups)
+    if fit.paused:
+        return {"paused_at": fit.step, "run_dir": str(run_dir)}
+    model = fit.model
+    engine.load_best(model)  # evaluate the weights with the best validation accuracy
+    if engine.is_main:
+        model.save_pretrained(run_dir / "best")
+    heads, weight = task.evaluate(model, progress)
+    results = _results(task, heads, weight, task.baselines(progress), fit)
+    results["wall_s"] = time.perf_counter() - started
+    results["processes"] = engine.accelerator.num_processes
+    results["paper_ogbn_arxiv"] = PAPER_ARXIV
+    results = json_safe(results)
+    engine.write_json("results.json", results)
+    if engine.is_main:
+        (run_dir / "results.md").write_text(results_table(results) + "\n")
+    return results
