@@ -54,12 +54,31 @@ def run_listops(root: Path) -> Path:
 
     run = root / "listops"
     (root / "data").mkdir()
-    main([
-        "train", "--config", "listops-hkt", "--preset", "quick", "--seed", "0",
-        "--run-dir", str(run), "--data.data-dir", str(root / "data"),
-        "--data.listops-sizes", "400", "60", "60", "--train.max-steps", "24",
-        "--train.eval-every", "8", "--train.log-every", "4",
-    ])
+    main(
+        [
+            "train",
+            "--config",
+            "listops-hkt",
+            "--preset",
+            "quick",
+            "--seed",
+            "0",
+            "--run-dir",
+            str(run),
+            "--data.data-dir",
+            str(root / "data"),
+            "--data.listops-sizes",
+            "400",
+            "60",
+            "60",
+            "--train.max-steps",
+            "24",
+            "--train.eval-every",
+            "8",
+            "--train.log-every",
+            "4",
+        ]
+    )
     return run / "metrics.csv"
 
 
@@ -69,14 +88,41 @@ def run_lm(root: Path) -> Path:
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(DOCS), encoding="utf-8")
     run = root / "lm"
-    main([
-        "lm", "--model.attention", "hkt", "--seed", "0", "--run-dir", str(run),
-        "--data.text-file", str(corpus), "--data.seq-len", "32", "--model.d-model", "16",
-        "--model.n-layers", "1", "--model.n-heads", "2", "--train.max-steps", "12",
-        "--train.eval-every", "4", "--train.log-every", "2", "--train.batch-size", "4",
-        "--samples", "1",
-        "--prompt-bytes", "8", "--sample-tokens", "5",
-    ])
+    main(
+        [
+            "lm",
+            "--model.attention",
+            "hkt",
+            "--seed",
+            "0",
+            "--run-dir",
+            str(run),
+            "--data.text-file",
+            str(corpus),
+            "--data.seq-len",
+            "32",
+            "--model.d-model",
+            "16",
+            "--model.n-layers",
+            "1",
+            "--model.n-heads",
+            "2",
+            "--train.max-steps",
+            "12",
+            "--train.eval-every",
+            "4",
+            "--train.log-every",
+            "2",
+            "--train.batch-size",
+            "4",
+            "--samples",
+            "1",
+            "--prompt-bytes",
+            "8",
+            "--sample-tokens",
+            "5",
+        ]
+    )
     return run / "metrics.csv"
 
 
@@ -105,20 +151,47 @@ def run_glfusion(root: Path) -> Path:
     (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tok = BertTokenizer(str(root / "vocab.txt"))
     torch.manual_seed(0)
-    llm = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id, tie_word_embeddings=True,
-    )).eval()
-    encoder = BertModel(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
-                                   num_attention_heads=2, intermediate_size=32)).eval()
-    cfg = build_glfusion_config({
-        "dataset": "wordnet", "max_nodes": 4, "text_tokens": 8, "lora_r": 2, "lora_alpha": 4,
-        "data_dir": root / "gdata", "max_train": 12, "max_val": 6, "max_test": 6,
-        "eval_batch_size": 6, "baseline_epochs": 20, "run_dir": root / "glfusion",
-        "train": {"max_steps": 6, "batch_size": 3, "eval_every": 3},
-    })
+    llm = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.cls_token_id,
+            eos_token_id=tok.sep_token_id,
+            tie_word_embeddings=True,
+        )
+    ).eval()
+    encoder = BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    ).eval()
+    cfg = build_glfusion_config(
+        {
+            "dataset": "wordnet",
+            "max_nodes": 4,
+            "text_tokens": 8,
+            "lora_r": 2,
+            "lora_alpha": 4,
+            "data_dir": root / "gdata",
+            "max_train": 12,
+            "max_val": 6,
+            "max_test": 6,
+            "eval_batch_size": 6,
+            "baseline_epochs": 20,
+            "run_dir": root / "glfusion",
+            "train": {"max_steps": 6, "batch_size": 3, "eval_every": 3},
+        }
+    )
     train_glfusion(cfg, progress=False, llm=(llm, tok), encoder=(encoder, tok))
     return root / "glfusion" / "metrics.csv"
 
@@ -147,8 +220,14 @@ def main() -> int:
     ref = json.loads(args.check.read_text())
     bad = [n for n in args.runs if ref.get(n, {}).get("sha256") != got[n]["sha256"]]
     for n in bad:
-        first = next((i for i, (a, b) in enumerate(zip(ref.get(n, {}).get("rows", []),
-                                                        got[n]["rows"])) if a != b), None)
+        first = next(
+            (
+                i
+                for i, (a, b) in enumerate(zip(ref.get(n, {}).get("rows", []), got[n]["rows"]))
+                if a != b
+            ),
+            None,
+        )
         print(f"{n}: metrics differ (first differing row: {first})")
     print("identical" if not bad else f"{len(bad)} of {len(args.runs)} runs differ")
     return 1 if bad else 0

@@ -31,16 +31,45 @@ BUCKETS = [
     ("optimizer", ("Optimizer.step", "_foreach", "adam")),
     ("GEMM (projections, MLP)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")),
     ("convolutions", ("convolution", "conv2d", "conv1d", "CompiledCausalConv")),
-    ("copies and layout", ("aten::copy_", "aten::clone", "aten::contiguous", "aten::cat",
-                           "aten::stack", "aten::constant_pad")),  # fmt: skip
+    (
+        "copies and layout",
+        (
+            "aten::copy_",
+            "aten::clone",
+            "aten::contiguous",
+            "aten::cat",
+            "aten::stack",
+            "aten::constant_pad",
+        ),
+    ),  # fmt: skip
     ("norms and activations", ("layer_norm", "gelu", "softmax", "log_softmax", "nll_loss")),
-    ("elementwise and reductions", ("aten::mul", "aten::add", "aten::sub", "aten::div",
-                                    "aten::lerp", "aten::sum", "aten::mean", "aten::fill_",
-                                    "aten::zero_", "aten::masked_fill", "aten::where",
-                                    "aten::embedding", "aten::sigmoid", "aten::exp",
-                                    "aten::repeat_interleave", "aten::isfinite",
-                                    "aten::dropout", "aten::native_dropout", "aten::bernoulli",
-                                    "aten::ones", "aten::empty", "aten::zeros")),  # fmt: skip
+    (
+        "elementwise and reductions",
+        (
+            "aten::mul",
+            "aten::add",
+            "aten::sub",
+            "aten::div",
+            "aten::lerp",
+            "aten::sum",
+            "aten::mean",
+            "aten::fill_",
+            "aten::zero_",
+            "aten::masked_fill",
+            "aten::where",
+            "aten::embedding",
+            "aten::sigmoid",
+            "aten::exp",
+            "aten::repeat_interleave",
+            "aten::isfinite",
+            "aten::dropout",
+            "aten::native_dropout",
+            "aten::bernoulli",
+            "aten::ones",
+            "aten::empty",
+            "aten::zeros",
+        ),
+    ),  # fmt: skip
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from structattn.train.checkpoint import (
+from structattn.engine.checkpoint import (
     load_latest_valid,
     rng_state,
     save_checkpoint,

@@ -106,7 +106,7 @@ def test_bad_input_is_one_line(argv, message):
 
 
 def test_internal_errors_keep_their_traceback(monkeypatch):
-    import structattn.train.hkt as hkt
+    import structattn.experiments.lra.experiment as hkt
 
     def broken(cfg, data=None, progress=True):
         raise ValueError("an internal bug")

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from structattn.engine.config import CONFIG_DIR, OptimConfig, find_config
 from structattn.errors import ConfigError
-from structattn.train.config import CONFIG_DIR, OptimConfig, find_config, load_experiment
+from structattn.experiments.lra import load_lra
 
 
 def test_a_configs_folder_in_the_working_directory_does_not_shadow_a_shipped_name(
@@ -17,10 +18,10 @@ def test_a_configs_folder_in_the_working_directory_does_not_shadow_a_shipped_nam
     (tmp_path / "configs" / "listops-hkt.yaml").write_text("quick: {model: {attention: mha}}\n")
     monkeypatch.chdir(tmp_path)
     assert find_config("listops-hkt") == CONFIG_DIR / "listops-hkt.yaml"
-    assert load_experiment("listops-hkt", "quick").model.attention == "hkt"
+    assert load_lra("listops-hkt", "quick").model.attention == "hkt"
     own = tmp_path / "configs" / "listops-hkt.yaml"
     assert find_config("configs/listops-hkt.yaml").resolve() == own
-    assert load_experiment("configs/listops-hkt.yaml", "quick").model.attention == "mha"
+    assert load_lra("configs/listops-hkt.yaml", "quick").model.attention == "mha"
     with pytest.raises(ConfigError, match="config file 'nope.yaml' not found"):
         find_config("nope.yaml")
 
@@ -29,14 +30,14 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("quick:\n  optim: {lr: 0.002, lr: 5.0}\n")
     with pytest.raises(ConfigError, match=r"key 'lr' is given twice .*line 2"):
-        load_experiment(path, "quick")
+        load_lra(path, "quick")
 
 
 def test_a_preset_that_is_not_a_mapping_is_named(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("quick: [1, 2]\n")
     with pytest.raises(ConfigError, match="preset 'quick' must be a mapping of keys, got a list"):
-        load_experiment(path, "quick")
+        load_lra(path, "quick")
 
 
 @pytest.mark.parametrize("key", ["lr", "weight_decay", "beta1", "beta2", "grad_clip"])
@@ -50,4 +51,4 @@ def test_nan_lr_from_a_file_is_one_config_error(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("quick:\n  optim: {lr: .nan}\n")
     with pytest.raises(ConfigError, match="optim.lr must be a finite number"):
-        load_experiment(path, "quick")
+        load_lra(path, "quick")

@@ -407,15 +407,16 @@ def test_task_spec_names_bad_listops_settings(kwargs, message):
 
 
 def test_config_files_name_the_data_key():
+    from structattn.engine.config import build_dataclass
     from structattn.errors import ConfigError
-    from structattn.train.config import config_from_dict
+    from structattn.experiments.lra import LRAConfig
 
     for data, message in (
         ({"listops_sizes": [-100, 300, 50]}, "data.listops_sizes must be three whole numbers"),
         ({"seq_len": 32, "listops_min_length": 64}, "listops_min_length=64 is above seq_len=32"),
     ):
         with pytest.raises(ConfigError) as err:
-            config_from_dict({"data": {"task": "listops", **data}})
+            build_dataclass(LRAConfig, {"data": {"task": "listops", **data}})
         assert message in _one_line(err)
 
 

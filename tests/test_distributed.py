@@ -212,7 +212,7 @@ def test_two_processes_train_glfusion_once_and_match_one_process(tmp_path):
     two = tmp_path / "two"
     assert_same_metrics(tmp_path / "one", two)
     assert_close_weights(final_weights(tmp_path / "one", 4), final_weights(two, 4), atol=1e-5)
-    assert (two / "results.json").is_file() and (two / "best" / "adapter").is_dir()
+    assert (two / "final.json").is_file() and (two / "best" / "adapter").is_dir()
 
 
 def test_sigkill_at_arbitrary_moments_resumes_bit_exactly(tmp_path):

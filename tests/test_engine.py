@@ -16,18 +16,11 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from structattn.engine import Engine, NonFiniteLossError, OptimConfig, TrainConfig, param_groups
+from structattn.engine.config import build_dataclass
 from structattn.errors import ConfigError, RunError
+from structattn.experiments.lra import LRAConfig, load_lra, train
 from structattn.hkt import CausalLM, ModelConfig, SequenceClassifier
-from structattn.train import (
-    Engine,
-    NonFiniteLossError,
-    OptimConfig,
-    TrainConfig,
-    load_experiment,
-    param_groups,
-    train,
-)
-from structattn.train.config import config_from_dict
 
 TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
 
@@ -38,7 +31,7 @@ def data_dir(tmp_path_factory):
 
 
 def tiny(data_dir, run_dir, attention="hkt", **train):
-    return load_experiment(
+    return load_lra(
         f"listops-{attention}",
         "quick",
         run_dir=str(run_dir),
@@ -121,11 +114,9 @@ def _signal_at(monkeypatch, where: str, call: int, sig: int):
 
         monkeypatch.setattr(LambdaLR, "step", wrap(LambdaLR.step))
     elif where == "forward":
-        monkeypatch.setattr(
-            SequenceClassifier, "forward", wrap(SequenceClassifier.forward)
-        )
+        monkeypatch.setattr(SequenceClassifier, "forward", wrap(SequenceClassifier.forward))
     elif where == "evaluate":
-        import structattn.train.hkt as hkt
+        import structattn.experiments.lra.experiment as hkt
 
         monkeypatch.setattr(hkt, "evaluate", wrap(hkt.evaluate))
 
@@ -457,7 +448,7 @@ def _glfusion_collate(items):
 
 @pytest.mark.parametrize("system", ["hkt", "glfusion"])
 def test_every_tensor_of_a_batch_reaches_the_engine_device(system, tmp_path, monkeypatch):
-    from structattn.train.hkt import _model_inputs
+    from structattn.experiments.lra.experiment import _model_inputs
 
     monkeypatch.setattr(Engine, "device", property(lambda self: torch.device("meta")))
     engine = _toy_engine(tmp_path / system, max_steps=2, eval_every=2)
@@ -468,9 +459,11 @@ def test_every_tensor_of_a_batch_reaches_the_engine_device(system, tmp_path, mon
     engine.fit(model, items, collate, lambda m: {"neg_loss": 0.0})
     names = {name for name, _ in model.seen}
     assert {d.type for _, d in model.seen} == {"meta"}, model.seen
-    expected = {"tokens", "mask", "labels"} if system == "hkt" else {
-        "input_ids", "graph.node_text", "graph.edge_index", "graph.node_batch", "node_labels"
-    }
+    expected = (
+        {"tokens", "mask", "labels"}
+        if system == "hkt"
+        else {"input_ids", "graph.node_text", "graph.edge_index", "graph.node_batch", "node_labels"}
+    )
     assert expected <= names
 
 
@@ -491,17 +484,17 @@ def test_every_tensor_of_a_batch_reaches_the_engine_device(system, tmp_path, mon
 )
 def test_config_values_are_typed(values, match):
     with pytest.raises(ConfigError, match=match):
-        config_from_dict(values)
+        build_dataclass(LRAConfig, values)
 
 
 def test_yaml_scientific_notation_is_a_float(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("quick:\n  optim:\n    lr: 1e-3\n  model:\n    hkt:\n      attn_dropout: 0.1\n")
     assert yaml.safe_load(path.read_text())["quick"]["optim"]["lr"] == "1e-3"  # PyYAML's view
-    cfg = load_experiment(path, "quick")
+    cfg = load_lra(path, "quick")
     assert cfg.optim.lr == 1e-3 and cfg.model.hkt.attn_dropout == 0.1
 
 
 def test_legacy_flat_hkt_keys_still_load():
-    cfg = config_from_dict({"model": {"n_levels": 2, "stride": 3, "d_model": 32}})
+    cfg = build_dataclass(LRAConfig, {"model": {"n_levels": 2, "stride": 3, "d_model": 32}})
     assert (cfg.model.hkt.n_levels, cfg.model.hkt.stride, cfg.model.hkt.d_model) == (2, 3, 32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 from helpers import tiny_llama, word_tokenizer
 from transformers import BertConfig, BertModel, BertTokenizer
@@ -80,10 +81,6 @@ def test_tiny_glfusion_train_and_eval(tmp_path):
         run_dir=tmp_path / "run",
     )
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
-    for split in ("val", "test"):
-        for head in ("gnn", "lm", "ensemble"):  # a count of correct targets out of 6
-            hits = results["heads"][split][head] * 6
-            assert abs(hits - round(hits)) < 1e-9, (split, head, hits)
     assert set(results["baselines"]) == {"mlp", "graphsage", "mlp+labels", "graphsage+labels"}
     assert results["stand_in"] and results["targets"] == {"train": 12, "val": 6, "test": 6}
     run = tmp_path / "run"
@@ -92,8 +89,11 @@ def test_tiny_glfusion_train_and_eval(tmp_path):
     val_rows = [r.split(",") for r in (run / "metrics.csv").read_text().splitlines()[1:]]
     val = [(int(r[0]), float(r[3])) for r in val_rows if r[1] == "val"]
     assert [step for step, _ in val] == [3, 6]
-    best = max(val, key=lambda sv: sv[1])[0]  # the first step with the best accuracy
-    assert json.loads((run / "results.json").read_text())["best_step"] == best
+    best, best_acc = max(val, key=lambda sv: (sv[1], -sv[0]))  # the first best evaluation
+    assert json.loads((run / "final.json").read_text())["best_step"] == best
+    # validation picks the best weights by the GNN head (gnn_accuracy, batch by batch); the
+    # report scores those weights again through head_probabilities: the two paths agree
+    assert results["heads"]["val"]["gnn"] == pytest.approx(best_acc)
     assert (run / "best" / "adapter" / "adapter_model.safetensors").is_file()
     assert any((run / "checkpoints").glob("step-*/model.safetensors"))
     rows = (run / "metrics.csv").read_text().splitlines()
@@ -254,7 +254,10 @@ def test_recipe_trains_end_to_end(tmp_path):
     )
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
     assert results["ensemble_weight_chosen_on_val"] is True
-    assert results["ensemble_weight"] in [i / 10 for i in range(11)]
+    # the weight is chosen on validation among 0 (the LM head alone) .. 1 (the GNN head alone):
+    # the ensemble it gives on validation is at least as good as either head there
+    val = results["heads"]["val"]
+    assert val["ensemble"] >= max(val["gnn"], val["lm"]) - 1e-9
     saved = json.loads((tmp_path / "run" / "best" / "glfusion_config.json").read_text())
     assert saved["target_marker"] and saved["message_passing_norm"]
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
@@ -383,7 +386,7 @@ def test_glfusion_ablations_one_table(tmp_path):
 
     # summary only: trains nothing, tables what finished, says which seeds each row has
     shutil.rmtree(tmp_path / "abl/recipe/gnn-head-only")
-    (tmp_path / "abl/recipe/lm-head-only/seed1/results.json").unlink()
+    (tmp_path / "abl/recipe/lm-head-only/seed1/final.json").unlink()
     part = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models,
                            train_missing=False, **tiny)  # fmt: skip
     assert len(calls) == 8

@@ -184,7 +184,7 @@ def test_import_never_builds_the_kernel():
         "ce.load = lambda *a, **k: calls.append(k.get('name')) or (_ for _ in ()).throw("
         "RuntimeError('build attempted'))\n"
         "import structattn, structattn.hkt, structattn.hkt.interface, structattn.hkt.model\n"
-        "import structattn.train, structattn.cli\n"
+        "import structattn.engine, structattn.experiments.lra, structattn.cli\n"
         "assert calls == [], calls\n"
         "from structattn.hkt.kernels.extension import _state\n"
         "assert _state == {}, _state\n"

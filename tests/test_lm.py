@@ -21,14 +21,14 @@ from structattn.data.corpus import (  # noqa: E402
     load_corpus,
 )
 from structattn.errors import ConfigError, DataError, RunError  # noqa: E402
-from structattn.hkt import CausalLM, ModelConfig  # noqa: E402
-from structattn.train.lm import (  # noqa: E402
-    LMExperimentConfig,
+from structattn.experiments.lm import (  # noqa: E402
+    LMConfig,
     bits_per_byte,
     generate_text,
     load_lm,
     train_lm,
 )
+from structattn.hkt import CausalLM, ModelConfig  # noqa: E402
 
 DOCS = [
     "the cat sat on the mat. " * 6,
@@ -100,7 +100,7 @@ def test_bits_per_byte_of_a_uniform_model_is_log2_vocab(text_file):
 
 def test_lm_run_generate_and_reload(tmp_path, text_file, capsys):
     run = tmp_path / "run"
-    cfg = LMExperimentConfig(
+    cfg = LMConfig(
         run_dir=run,
         data=CorpusSpec(text_file=text_file, seq_len=32),
         model=ModelConfig(d_model=16, n_layers=1, n_heads=2, dropout=0.0),
@@ -139,7 +139,7 @@ def test_lm_run_generate_and_reload(tmp_path, text_file, capsys):
 
 def test_lm_damaged_weights_are_named(tmp_path, text_file):
     run = tmp_path / "run"
-    cfg = LMExperimentConfig(
+    cfg = LMConfig(
         run_dir=run,
         data=CorpusSpec(text_file=text_file, seq_len=32),
         model=ModelConfig(d_model=16, n_layers=1, n_heads=2),

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from structattn.engine import StepBatchSampler, lr_lambda
+from structattn.engine.config import OptimConfig
 from structattn.errors import RunError
-from structattn.train.config import OptimConfig
-from structattn.train.engine import StepBatchSampler, lr_lambda
 
 
 def _fn(schedule, warmup, max_steps=110):

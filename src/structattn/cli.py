@@ -21,7 +21,6 @@ traceback.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -31,10 +30,17 @@ from typing import Annotated
 import tyro
 
 from structattn.data.tasks import TaskSpec
+from structattn.engine.config import find_config, load_config, preset_from_args, preset_names
 from structattn.errors import ConfigError, UserError
+from structattn.experiments.lm.config import LMConfig
+from structattn.experiments.lra.config import LRAConfig, load_lra
 from structattn.hkt.model import ModelConfig
 
-__all__ = ["Cost", "DataFetch", "DataSummary", "Params", "main"]
+__all__ = ["Cost", "DataFetch", "DataSummary", "Lm", "Params", "Train", "main"]
+
+
+def _preset_help(config: str) -> str:
+    return " | ".join(preset_names(config))
 
 
 @dataclass
@@ -172,7 +178,7 @@ class Eval:
     split: str = "test"  # train | val | test
 
     def run(self) -> None:
-        from structattn.train import evaluate_run
+        from structattn.experiments.lra import evaluate_run
 
         result = evaluate_run(self.run_dir, self.split)
         print(json.dumps(result, indent=2))
@@ -182,7 +188,12 @@ class Eval:
 class Reproduce:
     """Train HKT and MHA on each task and seed, then print the paper's comparison table."""
 
-    preset: str = "quick"  # quick (CPU, minutes) | paper (the paper's T and sizes)
+    preset: Annotated[
+        str,
+        tyro.conf.arg(
+            help=f"the preset of every <task>-<model> file: {_preset_help('listops-hkt')}"
+        ),
+    ] = "quick"
     seeds: tuple[int, ...] = (0, 1, 2)  # seeds per task and model
     tasks: tuple[str, ...] = ("listops", "image", "text")  # subset of listops image text
     out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
@@ -193,7 +204,7 @@ class Reproduce:
     threads: int | None = None  # torch threads (default: torch's choice)
 
     def run(self) -> None:
-        from structattn.train.reproduce import reproduce, results_table
+        from structattn.experiments.lra.reproduce import reproduce, results_table
 
         if self.threads:
             import torch
@@ -222,7 +233,9 @@ class Ablate:
     """HKT's ablations on one task, same budget and seeds: without the hybrid head, L = 1 plus
     the hybrid head, fixed uniform λ, L = 2 and L = 4, against full HKT (one table)."""
 
-    preset: str = "quick"  # the experiment preset the ablations share
+    preset: Annotated[
+        str, tyro.conf.arg(help=f"the preset the ablations share: {_preset_help('listops-hkt')}")
+    ] = "quick"
     task: str = "listops"  # listops | image | text
     seeds: tuple[int, ...] = (0, 1, 2)  # seeds per variant
     out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
@@ -232,7 +245,7 @@ class Ablate:
     progress: bool = True  # tqdm bars per run
 
     def run(self) -> None:
-        from structattn.train.reproduce import ABLATIONS, reproduce, results_table
+        from structattn.experiments.lra.reproduce import ABLATIONS, reproduce, results_table
 
         if self.threads:
             import torch
@@ -262,7 +275,7 @@ class Diagnose:
     max_len: int = 256  # truncate them to this length (eigen-decompositions are O(T^3))
 
     def run(self) -> None:
-        from structattn.train.diagnose import diagnose, summary_line
+        from structattn.experiments.lra.diagnose import diagnose, summary_line
 
         report = diagnose(self.run_dir, self.out_dir, self.sequences, self.max_len)
         print(summary_line(report))
@@ -283,7 +296,7 @@ class Generate:
     seed: int = 0  # sampling seed
 
     def run(self) -> None:
-        from structattn.train.lm import generate_text, load_lm
+        from structattn.experiments.lm import generate_text, load_lm
 
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
@@ -305,7 +318,68 @@ class Generate:
                 print("-" * 40)
 
 
+@dataclass
+class Train:
+    """Train one HKT or MHA model on a task and print its final.json: --config and --preset
+    choose the defaults below, every other flag overrides them."""
+
+    config: Annotated[
+        str,
+        tyro.conf.arg(
+            help="experiment file: a shipped <task>-<model> name (listops-hkt, "
+            "image-mha, text-hkt, ...) or a YAML path"
+        ),  # fmt: skip
+    ] = "listops-hkt"
+    preset: Annotated[
+        str, tyro.conf.arg(help=f"a preset of --config (shipped: {_preset_help('listops-hkt')})")
+    ] = "quick"
+    experiment: Annotated[LRAConfig, tyro.conf.arg(name="")] = field(
+        default_factory=lambda: load_lra("listops-hkt", "quick")
+    )
+
+    @classmethod
+    def defaults(cls, args: list[str]) -> Train:
+        config, preset = preset_from_args(args, "listops-hkt")
+        return cls(config, preset, load_lra(config, preset))
+
+    def run(self) -> None:
+        from structattn.experiments.lra import experiment
+
+        print(f"config: {find_config(self.config)} [{self.preset}]", file=sys.stderr)
+        print(json.dumps(experiment.train(self.experiment), indent=2))
+
+
+@dataclass
+class Lm:
+    """Train a byte-level causal language model (HKT, or MHA with --model.attention mha) on the
+    text corpus: bits per byte on held-out text, and samples. --config and --preset choose the
+    defaults below, every other flag overrides them."""
+
+    config: Annotated[str, tyro.conf.arg(help="experiment file: lm (shipped) or a YAML path")] = (
+        "lm"
+    )
+    preset: Annotated[
+        str, tyro.conf.arg(help=f"a preset of --config (shipped lm: {_preset_help('lm')})")
+    ] = "quick"
+    experiment: Annotated[LMConfig, tyro.conf.arg(name="")] = field(
+        default_factory=lambda: load_config(LMConfig, "lm", "quick")
+    )
+
+    @classmethod
+    def defaults(cls, args: list[str]) -> Lm:
+        config, preset = preset_from_args(args, "lm")
+        return cls(config, preset, load_config(LMConfig, config, preset))
+
+    def run(self) -> None:
+        from structattn.experiments.lm import train_lm
+
+        print(f"config: {find_config(self.config)} [{self.preset}]", file=sys.stderr)
+        print(json.dumps(train_lm(self.experiment), indent=2))
+
+
 COMMANDS = {
+    "train": Train,
+    "lm": Lm,
     "cost": Cost,
     "generate": Generate,
     "data": Data,
@@ -315,53 +389,6 @@ COMMANDS = {
     "reproduce": Reproduce,
     "ablate": Ablate,
 }
-
-
-def _parse(cls, base, args: list[str], prog: str, description: str):
-    """``tyro.cli`` on top of ``base``; a value the dataclass rejects is a ConfigError."""
-    try:
-        return tyro.cli(cls, default=base, args=args, prog=prog, description=description)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as err:
-        raise ConfigError(str(err)) from None
-
-
-def train_main(argv: list[str]) -> None:
-    """``structattn train``: a YAML preset, then dataclass flags on top of it."""
-    from structattn.train.config import ExperimentConfig, load_experiment
-    from structattn.train.hkt import train
-
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=None)
-    pre.add_argument("--preset", default="quick")
-    known, rest = pre.parse_known_args(argv)
-    base = load_experiment(known.config, known.preset) if known.config else ExperimentConfig()
-    cfg = _parse(
-        ExperimentConfig,
-        base,
-        rest,
-        "structattn train",
-        "Train one task/model/seed. --config NAME|PATH (a shipped <task>-<model> experiment or a "
-        "YAML file) and --preset quick|paper choose the defaults below; every flag overrides them.",
-    )
-    final = train(cfg)
-    print(json.dumps(final, indent=2))
-
-
-def lm_main(argv: list[str]) -> None:
-    """``structattn lm``: a byte-level HKT or MHA language model (flags over the defaults)."""
-    from structattn.train.lm import LMExperimentConfig, train_lm
-
-    cfg = _parse(
-        LMExperimentConfig,
-        LMExperimentConfig(),
-        argv,
-        "structattn lm",
-        "Train a byte-level causal language model (HKT, or MHA with --model.attention mha) on "
-        "the text corpus; reports bits per byte on held-out text and writes samples.",
-    )
-    print(json.dumps(train_lm(cfg), indent=2))
 
 
 #: Every command with its one-line summary, for ``structattn --help``.
@@ -387,6 +414,22 @@ def print_help() -> None:
     print("\n`structattn COMMAND --help` lists a command's flags and their defaults.")
 
 
+def _command(argv: list[str]):
+    """The command ``argv`` names, parsed by tyro (``train`` and ``lm`` on the preset their
+    ``--config``/``--preset`` choose)."""
+    name, rest = argv[0], argv[1:]
+    if name not in SUMMARIES:
+        raise ConfigError(f"unknown command {name!r}; choose from {list(SUMMARIES)}")
+    cls = COMMANDS[name]
+    default = cls.defaults(rest) if hasattr(cls, "defaults") else None
+    try:
+        return tyro.cli(cls, default=default, args=rest, prog=f"structattn {name}")
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:  # a flag value its dataclass rejects
+        raise ConfigError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``structattn`` console script."""
     argv = sys.argv[1:] if argv is None else argv
@@ -394,26 +437,12 @@ def main(argv: list[str] | None = None) -> None:
         if not argv or argv[0] in ("-h", "--help"):
             print_help()
             return
-        if argv[0] == "train":
-            train_main(argv[1:])
-            return
         if argv[0] == "glfusion":
             from structattn.experiments.glfusion.commands import main as glfusion_main
 
             glfusion_main(argv[1:])
             return
-        if argv[0] == "lm":
-            lm_main(argv[1:])
-            return
-        if argv[0] not in COMMANDS:
-            raise ConfigError(f"unknown command {argv[0]!r}; choose from {list(SUMMARIES)}")
-        try:
-            command = tyro.extras.subcommand_cli_from_dict(COMMANDS, args=argv, prog="structattn")
-        except ConfigError:
-            raise
-        except (ValueError, TypeError) as err:  # a flag value its dataclass rejects
-            raise ConfigError(str(err)) from None
-        command.run()
+        _command(argv).run()
     except (UserError, FileNotFoundError) as err:  # bad input: one line naming the problem
         raise SystemExit(f"structattn: error: {err}") from None
 

@@ -44,6 +44,19 @@ __all__ = [
 
 ATTENTIONS = ("hkt", "mha")
 
+#: Flat HKT keys of older ``model`` sections, now under ``model.hkt``.
+_LEGACY_HKT_KEYS = (
+    "n_levels",
+    "stride",
+    "hybrid",
+    "downsample_kernel",
+    "conv_kernel",
+    "beta_init",
+    "impl",
+)
+#: HKTConfig fields that ModelConfig sets from its own.
+_FROM_MODEL = ("d_model", "n_heads", "causal")
+
 
 @dataclass
 class ModelConfig:
@@ -91,6 +104,38 @@ class ModelConfig:
         self.hkt = dataclasses.replace(
             self.hkt, d_model=self.d_model, n_heads=self.n_heads, causal=self.causal
         )
+
+    @classmethod
+    def from_config_values(cls, values: dict, where: str) -> dict:
+        """A ``model`` mapping of an experiment file as this class's fields: the flat HKT keys
+        of older files moved under ``hkt``; ``hkt.d_model``/``n_heads``/``causal`` accepted
+        only where they agree with the model's own (``config.yaml`` of older runs has them)."""
+        from structattn.errors import ConfigError
+
+        values = dict(values)
+        legacy = {k: values.pop(k) for k in _LEGACY_HKT_KEYS if k in values}
+        if legacy:
+            values["hkt"] = {**legacy, **dict(values.get("hkt") or {})}
+        hkt_values = values.get("hkt") or {}
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        shared = sorted(
+            k
+            for k in _FROM_MODEL
+            if k in hkt_values and hkt_values[k] != values.get(k, defaults[k])
+        )
+        if shared:
+            raise ConfigError(
+                f"{', '.join(f'{where}.hkt.{k}' for k in shared)}: set {where}.{shared[0]} "
+                "(the attention takes width, heads and causality from the model)"
+            )
+        if isinstance(values.get("hkt"), dict):
+            values["hkt"] = {k: v for k, v in values["hkt"].items() if k not in _FROM_MODEL}
+        return values
+
+    def to_config_values(self, out: dict) -> dict:
+        """The plain form without ``hkt``'s copies of the model's width, heads and causality."""
+        out["hkt"] = {k: v for k, v in out["hkt"].items() if k not in _FROM_MODEL}
+        return out
 
     @property
     def n_levels(self) -> int:

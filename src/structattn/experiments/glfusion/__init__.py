@@ -9,7 +9,7 @@ baselines.
     structattn glfusion predict RUN_DIR --nodes 0 5 47
     structattn glfusion ablate --preset recipe --seeds 0 1 2
 
-Training is :class:`structattn.train.engine.Engine` (device placement, AdamW with warmup + cosine,
+Training is :class:`structattn.engine.Engine` (device placement, AdamW with warmup + cosine,
 clipping, step-addressed batches, atomic checkpoints of the trainable weights + optimizer /
 scheduler / RNG, exact ``--resume``, SIGINT/SIGTERM, CSV + TensorBoard logs, tqdm). LoRA adapters
 sit on the LLM and the GL-Fusion modules train fully, on ``CE(GNN) + CE(LM)``. Evaluation

@@ -4,14 +4,14 @@ statistics against the full model and the better label-aware baseline."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from structattn.engine import json_safe
 from structattn.errors import ConfigError, RunError
-from structattn.train.engine import json_safe
-from structattn.train.stats import paired_difference
 
+from ..stats import paired_difference
+from ..sweep import SweepRun, run_sweep
 from .baselines import LABEL_BASELINES
 from .config import load_glfusion
 from .report import ablation_table
@@ -30,37 +30,34 @@ GLFUSION_ABLATIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _run_variant(
-    run_dir: Path, variant: str, seed: int, config, preset, overrides, progress, models
-) -> dict:
-    """Train (or resume) one variant and seed; its results."""
-    resume = (run_dir / "checkpoints").is_dir()
-    changes = {**overrides, **GLFUSION_ABLATIONS[variant], "seed": seed,
-               "run_dir": run_dir, "resume": resume}  # fmt: skip
-    cfg = load_glfusion(config, preset, **changes)
-    if progress:
-        print(f"[glfusion ablate] {variant} seed {seed} -> {run_dir}", file=sys.stderr)
-    llm, encoder = models() if models is not None else (None, None)
-    result = train_glfusion(cfg, progress=progress, llm=llm, encoder=encoder)
-    if "paused_at" in result:
-        raise RunError(f"{run_dir} paused at step {result['paused_at']}; run again")
-    return result
+def _sweep_run(root: Path, variant: str, seed: int, config, preset, overrides, progress,
+               models) -> SweepRun:  # fmt: skip
+    """One variant and seed as a sweep run (trained, or resumed, when it is missing)."""
+    run_dir = root / variant / f"seed{seed}"
+
+    def train_it(resume: bool) -> dict:
+        changes = {**overrides, **GLFUSION_ABLATIONS[variant], "seed": seed,
+                   "run_dir": run_dir, "resume": resume}  # fmt: skip
+        cfg = load_glfusion(config, preset, **changes)
+        llm, encoder = models() if models is not None else (None, None)
+        result = train_glfusion(cfg, progress=progress, llm=llm, encoder=encoder)
+        if "paused_at" in result:
+            raise RunError(f"{run_dir} paused at step {result['paused_at']}; run again")
+        return result
+
+    return SweepRun((variant, seed), run_dir, f"[glfusion ablate] {variant} seed {seed}", train_it)
 
 
 def _collect_runs(root: Path, variants, seeds, train_missing: bool, **train) -> dict:
     """``{variant: {seed: results}}``: finished runs read back, missing ones trained (or, with
     ``train_missing=False``, left out)."""
-    runs: dict[str, dict[int, dict]] = {}
-    for variant in variants:
-        for seed in seeds:
-            run_dir = root / variant / f"seed{seed}"
-            done = run_dir / "results.json"
-            if done.is_file():
-                runs.setdefault(variant, {})[seed] = json.loads(done.read_text())
-            elif train_missing:
-                result = _run_variant(run_dir, variant, seed, **train)
-                runs.setdefault(variant, {})[seed] = result
-    return runs
+    progress = train["progress"]
+    runs = [_sweep_run(root, v, s, **train) for v in variants for s in seeds]
+    done = run_sweep(runs, train_missing, root, log=None if progress else (lambda text: None))
+    out: dict[str, dict[int, dict]] = {}
+    for (variant, seed), result in done.finals.items():
+        out.setdefault(variant, {})[seed] = result
+    return out
 
 
 def _ensembles(runs: dict[int, dict], seeds: list[int]) -> list[float]:

@@ -3,7 +3,6 @@ flags (parsed by ``tyro``), ``.run()`` what it does."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +10,8 @@ from typing import Annotated, Literal, Union
 
 import tyro
 
+from structattn.engine.config import load_preset, preset_from_args, preset_names
 from structattn.errors import ConfigError
-from structattn.train.config import find_config, load_preset
 
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
@@ -27,9 +26,7 @@ USAGE = (
 
 
 def _presets(config: str = "glfusion") -> str:
-    import yaml
-
-    return " | ".join(yaml.safe_load(find_config(config).read_text()) or {})
+    return " | ".join(preset_names(config))
 
 
 Variant = Literal[tuple(GLFUSION_ABLATIONS)]  # type: ignore[valid-type]
@@ -53,11 +50,8 @@ class Train:
     @classmethod
     def defaults(cls, args: list[str]) -> Train:
         """The command with the preset that ``args`` choose as its defaults."""
-        pre = argparse.ArgumentParser(add_help=False)
-        pre.add_argument("--config", default="glfusion")
-        pre.add_argument("--preset", default="quick")
-        known, _ = pre.parse_known_args(args)
-        return cls(known.config, known.preset, load_glfusion(known.config, known.preset))
+        config, preset = preset_from_args(args, "glfusion")
+        return cls(config, preset, load_glfusion(config, preset))
 
     def run(self) -> None:
         from .report import results_table

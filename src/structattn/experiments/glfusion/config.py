@@ -3,25 +3,23 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from structattn.data.base import default_data_dir
 from structattn.data.graphs import TextAttributedGraph, read_ogbn_arxiv, read_wordnet_nouns
-from structattn.errors import ConfigError
-from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
-from structattn.train.config import (
+from structattn.engine.config import (
     RESUMABLE_CHANGES,
     OptimConfig,
+    RunConfig,
     TrainConfig,
     build_dataclass,
-    config_to_dict,
-    load_preset,
+    load_config,
 )
+from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
 
 __all__ = [
     "GLFUSION_RESUMABLE",
@@ -52,9 +50,16 @@ def _default_train() -> TrainConfig:
 
 
 @dataclass
-class GLFusionTrainConfig:
+class GLFusionTrainConfig(RunConfig):
     """GL-Fusion node classification: data, models, sampling; ``optim`` and ``train`` are the
     engine's sections, as in the HKT experiments."""
+
+    resumable: ClassVar[frozenset[str]] = GLFUSION_RESUMABLE
+
+    name: str = "glfusion"  # run name
+    run_dir: Path = Path("runs/glfusion-wordnet")  # output folder
+    optim: OptimConfig = field(default_factory=_default_optim)  # AdamW + schedule
+    train: TrainConfig = field(default_factory=_default_train)  # steps, batch, eval, stop_at
 
     dataset: str = "wordnet"  # wordnet (offline stand-in) | arxiv (OGB layout) | file
     graph_path: Path | None = None  # dataset=file: a folder written by TextAttributedGraph.save
@@ -88,11 +93,6 @@ class GLFusionTrainConfig:
     heads: str = "both"  # trained heads: both (the twin predictor) | gnn | lm (ablations)
     eval_batch_size: int = 8  # targets per evaluation batch
     baseline_epochs: int = 200  # full-batch epochs of the MLP / GraphSAGE baselines
-    seed: int = 0  # sampling, init, data order
-    run_dir: Path = Path("runs/glfusion-wordnet")  # output folder
-    resume: bool = False  # continue from the latest checkpoint
-    optim: OptimConfig = field(default_factory=_default_optim)  # AdamW + schedule
-    train: TrainConfig = field(default_factory=_default_train)  # steps, batch, eval, stop_at
 
     def __post_init__(self) -> None:
         if self.dataset not in ("wordnet", "arxiv", "file"):
@@ -129,30 +129,13 @@ class GLFusionTrainConfig:
 def load_glfusion(name_or_path: str | Path = "glfusion", preset: str = "quick", **overrides):
     """One preset of a GL-Fusion experiment file (the shipped ``glfusion`` by default) as a
     :class:`GLFusionTrainConfig`; ``overrides`` replace fields (sections as dicts of changes)."""
-    path, values = load_preset(name_or_path, preset)
-    for key, value in overrides.items():
-        if key in ("optim", "train") and isinstance(value, dict):
-            values[key] = {**(values.get(key) or {}), **value}
-        else:
-            values[key] = value
-    try:
-        return build_glfusion_config(values)
-    except ConfigError as err:
-        raise ConfigError(f"{path} [{preset}]: {err}") from None
+    return load_config(GLFusionTrainConfig, name_or_path, preset, **overrides)
 
 
 def build_glfusion_config(values: dict[str, Any]) -> GLFusionTrainConfig:
     """A :class:`GLFusionTrainConfig` from a plain dict, sections built on the GL-Fusion
-    defaults (keys checked and typed like the HKT experiments')."""
-    values = dict(values)
-    sections = {"optim": _default_optim(), "train": _default_train()}
-    for key, default in sections.items():
-        given = values.pop(key, None) or {}
-        merged = {**config_to_dict(default), **given} if isinstance(given, dict) else given
-        values[key] = build_dataclass(type(default), merged, key)
-    optim, train = values.pop("optim"), values.pop("train")
-    cfg = build_dataclass(GLFusionTrainConfig, values, "")
-    return dataclasses.replace(cfg, optim=optim, train=train)
+    defaults (keys checked and typed like every run config)."""
+    return build_dataclass(GLFusionTrainConfig, values)
 
 
 def _data_root(cfg: GLFusionTrainConfig) -> Path:

@@ -3,8 +3,8 @@ learning rate."""
 
 from __future__ import annotations
 
+from structattn.engine import param_groups
 from structattn.glfusion.modeling import GLFusionForCausalLM
-from structattn.train.engine import param_groups
 
 from .config import GLFusionTrainConfig
 

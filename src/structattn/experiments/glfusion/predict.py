@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from structattn.data.graphs import TextAttributedGraph
+from structattn.engine import RunDir
 from structattn.errors import ConfigError, RunError
 from structattn.glfusion.loading import load_llm, load_text_encoder
 from structattn.glfusion.modeling import GLFusionForCausalLM
@@ -22,6 +20,7 @@ from .config import (
     load_graph,
 )
 from .evaluation import head_probabilities
+from .run import NodeClassification
 from .targets import prompt_examples
 
 __all__ = ["load_run_config", "predict_nodes"]
@@ -29,23 +28,21 @@ __all__ = ["load_run_config", "predict_nodes"]
 
 def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
     """The config a GL-Fusion run was trained with (``config.yaml``); it must have ``best/``."""
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise RunError(f"{config_path} not found: is {run_dir} a GL-Fusion run directory?")
-    if not (run_dir / "best" / "glfusion_config.json").is_file():
+    rd = RunDir(run_dir)
+    values = rd.read_config()
+    if not (rd.file(NodeClassification.BEST_MODEL) / "glfusion_config.json").is_file():
         raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
-    try:
-        values = yaml.safe_load(config_path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise RunError(f"{config_path} is not valid YAML ({err})") from None
     values["resume"] = False
-    return build_glfusion_config(values)
+    try:
+        return build_glfusion_config(values)
+    except ConfigError as err:
+        raise RunError(f"{rd.config}: {err}") from None
 
 
 def _ensemble_weight(run_dir: Path, cfg: GLFusionTrainConfig) -> float:
     """The weight the run evaluated its ensemble with (its results), else its config's."""
-    saved = run_dir / "results.json"
-    results = json.loads(saved.read_text()) if saved.is_file() else {}
+    rd = RunDir(run_dir)
+    results = rd.read_final() if rd.is_finished() else {}
     default = cfg.ensemble_weight if cfg.ensemble_weight is not None else 0.5
     return results.get("ensemble_weight", default)
 
@@ -72,7 +69,9 @@ def predict_nodes(
         raise ConfigError(f"node ids must be in 0..{graph.num_nodes - 1}, got {bad or node_ids}")
     base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
     enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
-    model = GLFusionForCausalLM.from_pretrained(run_dir / "best", base).eval()
+    model = GLFusionForCausalLM.from_pretrained(
+        run_dir / NodeClassification.BEST_MODEL, base
+    ).eval()
     weight = _ensemble_weight(run_dir, cfg)
     examples = prompt_examples(graph, node_ids, tokenizer, model.config, cfg)
     cache = encoding_cache(cfg, enc_model, enc_tok)

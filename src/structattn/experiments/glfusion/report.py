@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from structattn.train.stats import mean_std
-
+from ..stats import mean_std
+from ..tables import comparison_table, mean_std_cell, verdict
 from .baselines import BASELINE_NAMES
 
 __all__ = ["PAPER_ARXIV", "ablation_table", "results_table"]
@@ -55,8 +55,7 @@ def results_table(r: dict[str, Any]) -> str:
 
 
 def _cell(values: list[float]) -> str:
-    m, s = mean_std([100 * v for v in values])
-    return f"{m:.2f} ± {s:.2f}"
+    return mean_std_cell(*mean_std([100 * v for v in values]))
 
 
 def _variant_row(variant: str, runs: dict[int, dict]) -> str:
@@ -85,30 +84,16 @@ def _baseline_rows(full: dict[int, dict]) -> list[str]:
     return rows
 
 
-def _difference(d: dict[str, Any]) -> str:
-    return f"{d['mean']:+.2f} | [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
-
-
 def _comparison_rows(stats: dict[str, Any]) -> list[str]:
     best_key, diff = stats["best_label_baseline"], stats["full_minus_best_label_baseline"]
-    verdict = {"a better": "GL-Fusion better", "b better": f"{best_key} better"}.get(
-        diff["verdict"], "inconclusive"
-    )
-    rows = [
-        "",
-        "| comparison (paired by seed) | Δ mean (pp) | 95% interval | verdict |",
-        "|---|---:|---|---|",
-        f"| GL-Fusion full ensemble − {BASELINE_NAMES[best_key]} | {_difference(diff)} | "
-        f"{verdict} |",
-    ]
+    rows = [(f"GL-Fusion full ensemble − {BASELINE_NAMES[best_key]}", diff,
+             verdict(diff, "GL-Fusion better", f"{best_key} better"))]  # fmt: skip
     for variant, d in stats["ablation_minus_full"].items():
-        word = {"a better": "the ablation is better", "b better": "costs accuracy"}.get(
-            d["verdict"], "inconclusive"
-        )
+        word = verdict(d, "the ablation is better", "costs accuracy")
         if len(d["seeds"]) < 2:
             word += " (one seed: no interval)"
-        rows.append(f"| GL-Fusion {variant} − full (ensemble) | {_difference(d)} | {word} |")
-    return rows
+        rows.append((f"GL-Fusion {variant} − full (ensemble)", d, word))
+    return ["", *comparison_table(rows)]
 
 
 def ablation_table(

@@ -4,23 +4,20 @@ encodings), training, evaluation of both heads and the ensemble, the baselines, 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
 from structattn.data.graphs import TextAttributedGraph
+from structattn.engine import Experiment, FitResult, json_safe
 from structattn.glfusion.configuration import GLFusionConfig
 from structattn.glfusion.loading import EncodingCache
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
 from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids
-from structattn.train.engine import Engine, FitResult, json_safe
 
 from .baselines import run_baselines
 from .config import (
     DEFAULT_LLM,
-    GLFUSION_RESUMABLE,
     GLFusionTrainConfig,
     encoding_cache,
     load_graph,
@@ -61,36 +58,47 @@ def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int)
     return model
 
 
-@dataclass
-class NodeClassification:
+class NodeClassification(Experiment):
     """Node classification on a text-attributed graph: each target's prompt holds its sampled
-    subgraph; the twin predictor is trained on the training targets."""
+    subgraph; the twin predictor is trained on the training targets. ``graph`` replaces
+    ``cfg.dataset``; ``llm = (model, tokenizer)`` and ``encoder = (model, tokenizer)`` may be
+    passed in (tests), else they are loaded offline."""
 
-    cfg: GLFusionTrainConfig
-    graph: TextAttributedGraph
-    model: GLFusionForCausalLM
-    targets: dict[str, list[int]]
-    examples: dict[str, list[NodeExample]]
-    cache: EncodingCache
-    label_choices: list[list[int]]  # token ids of every label name after " Answer:"
+    only_trainable = True  # the frozen LLM is not copied into every checkpoint
+    #: Saved-pretrained folder of the best weights (LoRA adapters + GL-Fusion modules).
+    BEST_MODEL = "best"
 
-    @classmethod
-    def build(cls, cfg, graph=None, llm=None, encoder=None, progress: bool = False):
-        """Data, models, targets and prompts; every node text encoded once (cached)."""
-        graph = graph if graph is not None else load_graph(cfg)
-        (base, tokenizer), (enc_model, enc_tok) = load_models(cfg, llm, encoder)
-        model = build_model(cfg, graph, base, tokenizer, enc_model.config.hidden_size)
-        targets = split_targets(graph, cfg)
-        examples = {
-            s: prompt_examples(graph, ts, tokenizer, model.config, cfg) for s, ts in targets.items()
+    def __init__(self, cfg: GLFusionTrainConfig, graph=None, llm=None, encoder=None,
+                 progress: bool = True):  # fmt: skip
+        super().__init__(cfg, progress)
+        self.graph, self._llm, self._encoder = graph, llm, encoder
+        self.started = time.perf_counter()
+
+    def build_data(self) -> None:
+        """Graph, models, targets and prompts; every node text encoded once (cached)."""
+        cfg = self.cfg
+        self.graph = self.graph if self.graph is not None else load_graph(cfg)
+        (base, tokenizer), (enc_model, enc_tok) = load_models(cfg, self._llm, self._encoder)
+        self.model = build_model(cfg, self.graph, base, tokenizer, enc_model.config.hidden_size)
+        self.targets = split_targets(self.graph, cfg)
+        self.examples: dict[str, list[NodeExample]] = {
+            s: prompt_examples(self.graph, ts, tokenizer, self.model.config, cfg)
+            for s, ts in self.targets.items()
         }
-        texts = list(dict.fromkeys(t for exs in examples.values() for ex in exs for t in ex.texts))
+        texts = list(dict.fromkeys(t for exs in self.examples.values() for ex in exs
+                                   for t in ex.texts))  # fmt: skip
         # One content-keyed cache per encoder folder, shared by runs: a text, encoder or length
         # that changed can never be paired with a stale encoding.
-        cache = encoding_cache(cfg, enc_model, enc_tok)
-        cache.get(texts, progress=progress)  # encode everything missing, once
-        label_choices = label_token_ids(graph, tokenizer)
-        return cls(cfg, graph, model, targets, examples, cache, label_choices)
+        self.cache: EncodingCache = encoding_cache(cfg, enc_model, enc_tok)
+        self.cache.get(texts, progress=self.progress)  # encode everything missing, once
+        self.label_choices = label_token_ids(self.graph, tokenizer)  # ids after " Answer:"
+        self.train_set = self.examples["train"]
+
+    def build_model(self) -> GLFusionForCausalLM:
+        return self.model
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        return glfusion_param_groups(model, self.cfg)
 
     def encode(self, texts: list[str]) -> tuple[Tensor, Tensor]:
         return self.cache.get(texts)
@@ -150,6 +158,21 @@ class NodeClassification:
             self.graph, universe, pooled, self.targets, cfg.baseline_epochs, cfg.seed
         )
 
+    def report(self, model: GLFusionForCausalLM, fit: FitResult) -> dict[str, Any]:
+        """Both heads, the ensemble and the baselines; the best weights saved as a model
+        folder (``best/``) and the table as ``results.md``."""
+        engine = self.engine
+        if engine.is_main:
+            model.save_pretrained(engine.dir.file(self.BEST_MODEL))
+        heads, weight = self.evaluate(model, self.progress)
+        results = _results(self, heads, weight, self.baselines(self.progress), fit)
+        results["wall_s"] = time.perf_counter() - self.started
+        results["processes"] = engine.accelerator.num_processes
+        results["paper_ogbn_arxiv"] = PAPER_ARXIV
+        if engine.is_main:
+            engine.dir.write_text("results.md", results_table(json_safe(results)) + "\n")
+        return results
+
 
 def _results(task: NodeClassification, heads, weight, baselines, fit: FitResult) -> dict:
     cfg, graph = task.cfg, task.graph
@@ -177,31 +200,8 @@ def train_glfusion(
     encoder=None,
     graph: TextAttributedGraph | None = None,
 ) -> dict:
-    """Train and evaluate; returns (and writes) the results, or ``{"paused_at": step, ...}``
-    when ``train.stop_at`` paused the run. ``llm = (model, tokenizer)`` and
-    ``encoder = (model, tokenizer)`` may be passed in (tests); else they are loaded offline.
+    """Train and evaluate; returns (and writes ``final.json``) the results, or
+    ``{"paused_at": step, ...}`` when ``train.stop_at`` paused the run. ``llm`` and ``encoder``
+    (``(model, tokenizer)`` pairs) may be passed in (tests); else they are loaded offline.
     ``graph`` (e.g. ``TextAttributedGraph.from_pyg(...)``) replaces ``cfg.dataset``."""
-    started = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
-    engine = Engine.for_experiment(
-        cfg, run_dir, "glfusion", progress, only_trainable=True, resumable=GLFUSION_RESUMABLE
-    )
-    task = NodeClassification.build(cfg, graph, llm, encoder, progress)
-    groups = glfusion_param_groups(task.model, cfg)
-    fit = engine.fit(task.model, task.examples["train"], task.collate, task.validate, groups=groups)
-    if fit.paused:
-        return {"paused_at": fit.step, "run_dir": str(run_dir)}
-    model = fit.model
-    engine.load_best(model)  # evaluate the weights with the best validation accuracy
-    if engine.is_main:
-        model.save_pretrained(run_dir / "best")
-    heads, weight = task.evaluate(model, progress)
-    results = _results(task, heads, weight, task.baselines(progress), fit)
-    results["wall_s"] = time.perf_counter() - started
-    results["processes"] = engine.accelerator.num_processes
-    results["paper_ogbn_arxiv"] = PAPER_ARXIV
-    results = json_safe(results)
-    engine.write_json("results.json", results)
-    if engine.is_main:
-        (run_dir / "results.md").write_text(results_table(results) + "\n")
-    return results
+    return NodeClassification(cfg, graph, llm, encoder, progress).run()

@@ -1,49 +1,56 @@
-"""Experiment configuration: dataclasses, layered as YAML preset < command-line overrides.
+"""The run vocabulary every experiment shares: :class:`RunConfig` (name, seed, run_dir,
+resume, ``optim``, ``train``) and one loader, YAML preset < overrides < command-line flags.
 
 An experiment file (shipped in ``structattn/configs/``, or any YAML path) holds one mapping per
-preset (``quick``, ``paper``), each with the sections of :class:`ExperimentConfig`::
+preset (``quick``, ``paper``, ...), each with the fields of the experiment's config class::
 
     quick:
       name: listops-hkt
-      data:  {task: listops, ...}     # TaskSpec
-      model: {attention: hkt, ..., hkt: {n_levels: 3, ...}}  # ModelConfig (nests HKTConfig)
+      data:  {task: listops, ...}
+      model: {attention: hkt, ..., hkt: {n_levels: 3, ...}}
       optim: {lr: 1e-3, ...}          # OptimConfig
       train: {max_steps: 300, ...}    # TrainConfig
 
-Values are checked against the dataclass field types (``lr: 1e-3``, which PyYAML reads as a
-string, is a float; ``seq_len: 128.5`` and ``causal: "no"`` are errors). Unknown keys and bad
-values raise :class:`~structattn.errors.ConfigError` naming the key (``train.max_steps``).
+:func:`load_config` builds any such class from one preset. Values are checked against the
+dataclass field types (``lr: 1e-3``, which PyYAML reads as a string, is a float;
+``seq_len: 128.5`` and ``causal: "no"`` are errors); a section given as a mapping changes the
+field's default (an experiment's own optimiser defaults stay unless a key is given). Unknown
+keys and bad values raise :class:`~structattn.errors.ConfigError` naming the key
+(``train.max_steps``). A config class may normalise its mapping before it is built
+(classmethod ``from_config_values(values, where)``) and its plain form after
+(``to_config_values(out)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
-from structattn.data.tasks import TaskSpec
 from structattn.errors import ConfigError
-from structattn.hkt.model import ModelConfig
 
 __all__ = [
-    "ExperimentConfig",
     "OptimConfig",
     "RESUMABLE_CHANGES",
+    "RunConfig",
     "TrainConfig",
     "build_dataclass",
     "config_diff",
     "config_to_dict",
     "find_config",
-    "load_experiment",
+    "load_config",
     "load_preset",
+    "merge_overrides",
+    "preset_from_args",
+    "preset_names",
+    "read_yaml",
 ]
 
 #: The shipped experiment files (package data, found from an installed package too).
@@ -136,109 +143,42 @@ class TrainConfig:
 
 
 @dataclass
-class ExperimentConfig:
-    """One training run: data, model, optimizer, loop, seed and where it writes."""
+class RunConfig:
+    """What every run has: a name, a seed, a folder, whether to resume, and the engine's two
+    sections. An experiment's config subclasses it and adds its own sections and fields (a
+    subclass may redeclare a field to change its default)."""
 
-    name: str = "listops-hkt"  # run name
+    #: Dotted keys ``--resume`` lets change (the budget, logging, where things live).
+    resumable: ClassVar[frozenset[str]] = RESUMABLE_CHANGES
+
+    name: str = "run"  # run name (runs/<name>/seed<seed> unless run_dir is given)
     seed: int = 0  # seeds model init, data order and dropout
     run_dir: Path | None = None  # output folder (default runs/<name>/seed<seed>)
     resume: bool = False  # continue from the run directory's latest checkpoint
-    data: TaskSpec = field(default_factory=TaskSpec)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-    def __post_init__(self) -> None:
-        if self.data.data_dir is not None and not Path(self.data.data_dir).is_dir():
-            raise ValueError(f"data.data_dir does not exist: {self.data.data_dir}")
+    optim: OptimConfig = field(default_factory=OptimConfig)  # AdamW + schedule
+    train: TrainConfig = field(default_factory=TrainConfig)  # steps, batch, eval, stop_at
 
     def resolved_run_dir(self) -> Path:
-        return (
-            Path(self.run_dir)
-            if self.run_dir is not None
-            else Path("runs") / self.name / (f"seed{self.seed}")
-        )
-
-
-SECTIONS = {"data": TaskSpec, "model": ModelConfig, "optim": OptimConfig, "train": TrainConfig}
-
-#: Flat HKT keys of older ``model`` sections, now under ``model.hkt``.
-_LEGACY_HKT_KEYS = (
-    "n_levels",
-    "stride",
-    "hybrid",
-    "downsample_kernel",
-    "conv_kernel",
-    "beta_init",
-    "impl",
-)
-
-
-#: HKTConfig fields that ModelConfig sets from its own.
-_FROM_MODEL = ("d_model", "n_heads", "causal")
+        if self.run_dir is not None:
+            return Path(self.run_dir)
+        return Path("runs") / self.name / f"seed{self.seed}"
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """``value`` as field type ``tp``, or a ConfigError naming ``where``."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as err:
-                errors.append(err)
-        raise errors[0]
+        return _coerce_union(value, typing.get_args(tp), where)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
         return build_dataclass(tp, value, where)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{where} must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where} must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{where} must be a string, got {value!r}")
-    if tp is Path:
-        if isinstance(value, str | Path):
-            return Path(value)
-        raise ConfigError(f"{where} must be a path, got {value!r}")
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, where)
     if origin in (tuple, list):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        args = typing.get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
-            items = [_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
-        else:
-            item = args[0] if args else Any
-            items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _coerce_sequence(value, tp, where)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}")
@@ -246,35 +186,113 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def build_dataclass(cls, values: dict, where: str):
+def _coerce_union(value: Any, args: tuple, where: str) -> Any:
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, where)
+        except ConfigError as err:
+            errors.append(err)
+    raise errors[0]
+
+
+def _coerce_sequence(value: Any, tp: Any, where: str) -> list | tuple:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where} must be a list, got {value!r}")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
+        items = [_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
+    else:
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{where} must be true or false, got {value!r}")
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ConfigError(f"{where} must be an integer, got {value!r}")
+
+
+def _as_float(value: Any, where: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{where} must be a number, got {value!r}")
+
+
+def _as_str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{where} must be a string, got {value!r}")
+
+
+def _as_path(value: Any, where: str) -> Path:
+    if isinstance(value, str | Path):
+        return Path(value)
+    raise ConfigError(f"{where} must be a path, got {value!r}")
+
+
+_SCALARS = {bool: _as_bool, int: _as_int, float: _as_float, str: _as_str, Path: _as_path}
+
+
+def _section_default(f: dataclasses.Field, tp: Any) -> dict[str, Any] | None:
+    """The plain form of a dataclass field's default when it differs from ``tp()`` (an
+    experiment's own defaults, which a given mapping changes rather than replaces)."""
+    if f.default_factory is dataclasses.MISSING:
+        return None
+    default = f.default_factory()
+    try:
+        same = default == tp()
+    except (TypeError, ValueError):
+        same = False
+    return None if same else plain(default)
+
+
+def build_dataclass(cls, values: dict, where: str = ""):
     """``cls(**values)`` with every value checked against its field type; errors name the key
-    as ``where.key`` (nested dataclass sections included)."""
+    as ``where.key`` (nested dataclass sections included). A nested section that is missing or
+    ``None`` keeps its default; one given as a mapping changes the default's keys."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where or 'the config'} must be a mapping, got {type(values).__name__}")
     values = dict(values)
     prefix = f"{where}." if where else ""
-    if cls is ModelConfig:
-        legacy = {k: values.pop(k) for k in _LEGACY_HKT_KEYS if k in values}
-        if legacy:
-            values["hkt"] = {**legacy, **dict(values.get("hkt") or {})}
-        hkt_values = values.get("hkt") or {}
-        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-        shared = sorted(  # written back by config.yaml: fine when they agree with the model
-            k
-            for k in _FROM_MODEL
-            if k in hkt_values and hkt_values[k] != values.get(k, defaults[k])
-        )
-        if shared:
-            raise ConfigError(
-                f"{', '.join(f'{where}.hkt.{k}' for k in shared)}: set {where}.{shared[0]} "
-                "(the attention takes width, heads and causality from the model)"
-            )
+    hook = getattr(cls, "from_config_values", None)
+    if hook is not None:
+        values = hook(values, where)
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(values) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(f'{prefix}{k}' for k in unknown)}")
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in values.items()}
+    kwargs = {}
+    for key, value in values.items():
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if value is None:
+                continue
+            default = _section_default(fields[key], tp)
+            if default is not None and isinstance(value, dict):
+                value = {**default, **value}
+        kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -282,31 +300,6 @@ def build_dataclass(cls, values: dict, where: str):
     except (ValueError, TypeError) as err:
         msg = str(err)
         raise ConfigError(msg if msg.startswith(prefix) else f"{prefix}{msg}") from None
-
-
-def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
-    """Build an :class:`ExperimentConfig` from nested dicts, naming any bad key."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"an experiment must be a mapping, got {type(values).__name__}")
-    values = dict(values)
-    for key in SECTIONS:
-        if values.get(key) is None:
-            values.pop(key, None)
-    hints = typing.get_type_hints(ExperimentConfig)
-    names = {f.name for f in dataclasses.fields(ExperimentConfig)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)}")
-    kwargs = {
-        k: build_dataclass(SECTIONS[k], v, k) if k in SECTIONS else _coerce(v, hints[k], k)
-        for k, v in values.items()
-    }
-    try:
-        return ExperimentConfig(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
 
 
 def find_config(name_or_path: str | Path) -> Path:
@@ -342,9 +335,7 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping
-)
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def read_yaml(path: Path) -> Any:
@@ -360,7 +351,6 @@ def read_yaml(path: Path) -> Any:
 def load_preset(name_or_path: str | Path, preset: str) -> tuple[Path, dict[str, Any]]:
     """The mapping of one preset of an experiment file, and the file's path."""
     path = find_config(name_or_path)
-    print(f"config: {path} [{preset}]", file=sys.stderr)
     doc = read_yaml(path) or {}
     if not isinstance(doc, dict) or preset not in doc:
         has = sorted(doc) if isinstance(doc, dict) else []
@@ -371,25 +361,52 @@ def load_preset(name_or_path: str | Path, preset: str) -> tuple[Path, dict[str, 
     return path, dict(doc[preset] or {})
 
 
-def load_experiment(
-    name_or_path: str | Path, preset: str = "quick", **overrides: Any
-) -> ExperimentConfig:
-    """Load one preset of an experiment file; ``overrides`` replace top-level fields or whole
-    sections given as dicts of changes (``train={"max_steps": 10}``)."""
-    path, values = load_preset(name_or_path, preset)
+def preset_names(name_or_path: str | Path) -> list[str]:
+    """The presets of an experiment file, in file order ([] when it cannot be read)."""
+    try:
+        doc = read_yaml(find_config(name_or_path))
+    except ConfigError:
+        return []
+    return list(doc) if isinstance(doc, dict) else []
+
+
+def preset_from_args(args: list[str], default_config: str) -> tuple[str, str]:
+    """The ``--config`` and ``--preset`` among command-line ``args`` (``--flag value`` or
+    ``--flag=value``), defaults ``default_config`` and ``quick``: they choose the defaults the
+    other flags override."""
+    import argparse
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=default_config)
+    pre.add_argument("--preset", default="quick")
+    known, _ = pre.parse_known_args(args)
+    return known.config, known.preset
+
+
+def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``overrides``: a section given as a dict changes that section's keys
+    (two levels deep, e.g. ``model={"hkt": {"n_levels": 2}}``); anything else replaces."""
+    out = dict(values)
     for key, value in overrides.items():
-        if key in SECTIONS and isinstance(value, dict):
-            section = dict(values.get(key) or {})
-            for k, v in value.items():  # one level deeper for model.hkt
+        if isinstance(value, dict) and isinstance(out.get(key), dict | None):
+            section = dict(out.get(key) or {})
+            for k, v in value.items():
                 if isinstance(v, dict) and isinstance(section.get(k), dict):
                     section[k] = {**section[k], **v}
                 else:
                     section[k] = v
-            values[key] = section
+            out[key] = section
         else:
-            values[key] = value
+            out[key] = value
+    return out
+
+
+def load_config(cls, name_or_path: str | Path, preset: str, **overrides: Any):
+    """One preset of an experiment file as ``cls`` (a :class:`RunConfig`), with ``overrides``
+    on top (sections as dicts of changes: ``train={"max_steps": 10}``)."""
+    path, values = load_preset(name_or_path, preset)
     try:
-        return config_from_dict(values)
+        return build_dataclass(cls, merge_overrides(values, overrides))
     except ConfigError as err:
         raise ConfigError(f"{path} [{preset}]: {err}") from None
 
@@ -398,9 +415,8 @@ def plain(x: Any) -> Any:
     """Dataclasses, paths and tuples as plain dicts, strings and lists (for YAML and JSON)."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         out = {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
-        if isinstance(x, ModelConfig):  # the model's own width, heads and causality
-            out["hkt"] = {k: v for k, v in out["hkt"].items() if k not in _FROM_MODEL}
-        return out
+        hook = getattr(x, "to_config_values", None)
+        return hook(out) if hook is not None else out
     if isinstance(x, Path):
         return str(x)
     if isinstance(x, tuple | list):

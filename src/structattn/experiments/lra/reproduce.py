@@ -19,22 +19,23 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from structattn.data import TASKS, load_task
+from structattn.engine import RunDir, json_safe
+from structattn.engine.config import merge_overrides
 from structattn.errors import ConfigError
 
+from ..stats import mean_std, paired_difference
+from ..sweep import SweepRun, check_rates, run_sweep, tune_lr
+from ..tables import comparison_table, mean_std_cell, verdict
 from .baselines import shallow_baselines
-from .checkpoint import latest_checkpoint
-from .config import load_experiment
+from .config import load_lra
 from .diagnose import diagnose
-from .engine import json_safe
-from .hkt import build_model, train
-from .stats import mean_std, paired_difference
+from .experiment import build_model, train
 
 __all__ = ["PAPER_RESULTS", "VARIANTS", "reproduce", "results_table"]
 
@@ -96,6 +97,99 @@ def _plateau(run_dir: Path) -> bool | None:
     return max(after) - max(before) < 1.0
 
 
+def _variant_overrides(variant: str, overrides, data_dir, lr) -> dict[str, Any]:
+    """The overrides of one variant's runs: the caller's, the data folder, the tuned rate and
+    the variant's model changes."""
+    change = VARIANTS[variant][1]
+    extra = dict(overrides or {})
+    if data_dir is not None:
+        extra["data"] = {**extra.get("data", {}), "data_dir": str(data_dir)}
+    if lr is not None:
+        extra["optim"] = {**extra.get("optim", {}), "lr": lr}
+    if isinstance(change, dict) and change:
+        extra["model"] = merge_overrides(extra.get("model", {}), change)
+    return extra
+
+
+class _Jobs:
+    """Configs and data of one ``reproduce`` call (each task's data loaded once)."""
+
+    def __init__(self, preset, overrides, data_dir, progress):
+        self.preset, self.overrides, self.data_dir = preset, overrides, data_dir
+        self.progress = progress
+        self.data: dict[str, Any] = {}
+
+    def config(self, task, variant, seed, run_dir, lr=None, resume=False):
+        extra = _variant_overrides(variant, self.overrides, self.data_dir, lr)
+        cfg = load_lra(f"{task}-{VARIANTS[variant][0]}", self.preset, seed=seed,
+                       run_dir=str(run_dir), resume=resume, **extra)  # fmt: skip
+        data = self.task_data(cfg)
+        if VARIANTS[variant][1] == "wide":  # HKT's parameter count, from the HKT twin
+            twin_overrides = {k: v for k, v in extra.items() if k != "optim"}
+            twin = load_lra(f"{task}-hkt", self.preset, **twin_overrides)
+            target = sum(p.numel() for p in build_model(twin, data).parameters())
+            cfg = _with_model(cfg, d_model=_wide_width(cfg, data, target))
+        return cfg, data
+
+    def task_data(self, cfg):
+        key = repr(cfg.data)
+        if key not in self.data:
+            self.data[key] = load_task(cfg.data)
+        return self.data[key]
+
+    def run(self, key, task, variant, seed, run_dir, label, lr=None) -> SweepRun:
+        def train_it(resume: bool) -> dict:
+            cfg, data = self.config(task, variant, seed, run_dir, lr, resume)
+            return train(cfg, data=data, progress=self.progress)
+
+        return SweepRun(key, run_dir, label, train_it)
+
+
+def _check_args(tasks, seeds, variants, lr_sweep) -> None:
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown:
+        raise ConfigError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
+    if not seeds:
+        raise ConfigError("seeds must name at least one seed")
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad:
+        raise ConfigError(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+    check_rates(lr_sweep)
+
+
+def _tune(jobs: _Jobs, root: Path, tasks, variants, lr_sweep):
+    """The learning rate of HKT and of MHA per task, chosen on validation (one seed)."""
+    tuned, sweeps = {}, {}
+    for task in tasks:
+        for model in [m for m in MODELS if any(VARIANTS[v][0] == m for v in variants)]:
+
+            def make(lr, task=task, model=model):
+                label = f"[sweep] {task} {model} lr {lr:g} (seed {SWEEP_SEED})"
+                run_dir = root / "sweep" / f"{task}-{model}" / f"lr{lr:g}"
+                return jobs.run(("sweep", task, model, lr), task, model, SWEEP_SEED, run_dir,
+                                label, lr)  # fmt: skip
+
+            best, scores = tune_lr(lr_sweep, make, "val_acc", root=root)
+            if best is not None:
+                tuned[task, model] = best
+                sweeps.setdefault(task, {})[model] = {"val_acc": scores, "chosen": f"{best:g}"}
+    return tuned, sweeps
+
+
+def _diagnostics(root: Path, tasks, seeds) -> dict:
+    """The theory diagnostics of each finished HKT run (measured once, then read back)."""
+    out = {}
+    for task in tasks:
+        for seed in seeds:
+            rd = RunDir(root / f"{task}-hkt" / f"seed{seed}")
+            path = rd.file("diagnostics") / "diagnostics.json"
+            if path.is_file():
+                out[task, seed] = json.loads(path.read_text())["summary"]
+            elif rd.best.is_file():
+                out[task, seed] = diagnose(rd.path, n_sequences=2, max_len=128)["summary"]
+    return out
+
+
 def reproduce(
     preset: str = "quick",
     seeds: Sequence[int] = (0, 1, 2),
@@ -109,117 +203,33 @@ def reproduce(
     baselines: bool = True,
 ) -> dict[str, Any]:
     """Train what is missing, then summarise every run into a table, JSON and plots."""
-    unknown = sorted(set(tasks) - set(TASKS))
-    if unknown:
-        raise ConfigError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
-    if not seeds:
-        raise ConfigError("seeds must name at least one seed")
-    bad = sorted(set(variants) - set(VARIANTS))
-    if bad:
-        raise ConfigError(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
-    if lr_sweep is not None and (not lr_sweep or min(lr_sweep) <= 0):
-        raise ConfigError(f"lr_sweep must list positive learning rates, got {list(lr_sweep)}")
+    _check_args(tasks, seeds, variants, lr_sweep)
     root = Path(out_dir) / preset
-    data_cache: dict[str, Any] = {}
-    finals: dict[tuple[str, str, int], dict] = {}
-    incomplete: list[str] = []
     started = time.perf_counter()
-
-    def job(task, variant, seed, run_dir, lr=None):
-        base, change, _ = VARIANTS[variant]
-        extra = dict(overrides or {})
-        if data_dir is not None:
-            extra["data"] = {**extra.get("data", {}), "data_dir": str(data_dir)}
-        if lr is not None:
-            extra["optim"] = {**extra.get("optim", {}), "lr": lr}
-        if isinstance(change, dict) and change:
-            model = dict(extra.get("model", {}))
-            for key, value in change.items():
-                model[key] = {**model.get(key, {}), **value} if isinstance(value, dict) else value
-            extra["model"] = model
-        cfg = load_experiment(
-            f"{task}-{base}",
-            preset,
-            seed=seed,
-            run_dir=str(run_dir),
-            resume=latest_checkpoint(run_dir / "checkpoints") is not None,
-            **extra,
-        )
-        key = repr(cfg.data)
-        if key not in data_cache:
-            data_cache[key] = load_task(cfg.data)
-        data = data_cache[key]
-        if change == "wide":  # HKT's parameter count, from the same experiment's HKT twin
-            twin = load_experiment(f"{task}-hkt", preset, **{k: v for k, v in extra.items()
-                                                              if k != "optim"})  # fmt: skip
-            target = sum(p.numel() for p in build_model(twin, data).parameters())
-            cfg = _with_model(cfg, d_model=_wide_width(cfg, data, target))
-        return cfg, data
-
-    def run(task, variant, seed, run_dir, label, lr=None) -> dict | None:
-        final_path = run_dir / "final.json"
-        if final_path.is_file():
-            print(f"{label}: done, skipped", file=sys.stderr)
-            return json.loads(final_path.read_text())
-        cfg, data = job(task, variant, seed, run_dir, lr)
-        print(f"{label} -> {run_dir}", file=sys.stderr)
-        result = train(cfg, data=data, progress=progress)
-        if "paused_at" in result:  # stop_at in the overrides: not a finished run
-            incomplete.append(f"{run_dir.relative_to(root)} (paused at {result['paused_at']})")
-            return None
-        return result
-
-    tuned: dict[tuple[str, str], float] = {}
-    sweeps: dict[str, dict[str, dict[str, float]]] = {}
-    if lr_sweep:
-        for task in tasks:
-            for model in [m for m in MODELS if any(VARIANTS[v][0] == m for v in variants)]:
-                scores = {}
-                for lr in lr_sweep:
-                    run_dir = root / "sweep" / f"{task}-{model}" / f"lr{lr:g}"
-                    label = f"[sweep] {task} {model} lr {lr:g} (seed {SWEEP_SEED})"
-                    result = run(task, model, SWEEP_SEED, run_dir, label, lr)
-                    if result is not None:
-                        scores[f"{lr:g}"] = result["val_acc"]
-                if scores:
-                    best = max(scores, key=lambda k: (scores[k], -float(k)))
-                    tuned[task, model] = float(best)
-                    sweeps.setdefault(task, {})[model] = {"val_acc": scores, "chosen": best}
-    jobs = [(t, v, s) for t in tasks for v in variants for s in seeds]
-    for i, (task, variant, seed) in enumerate(jobs, 1):
-        run_dir = root / f"{task}-{variant}" / f"seed{seed}"
-        lr = tuned.get((task, VARIANTS[variant][0]))
-        label = f"[{i}/{len(jobs)}] {task} {variant} seed {seed}"
-        result = run(task, variant, seed, run_dir, label, lr)
-        if result is not None:
-            finals[task, variant, seed] = result
-    diagnostics = {}
-    if "hkt" in variants:
-        for task in tasks:
-            for seed in seeds:
-                run_dir = root / f"{task}-hkt" / f"seed{seed}"
-                path = run_dir / "diagnostics" / "diagnostics.json"
-                if path.is_file():
-                    diagnostics[task, seed] = json.loads(path.read_text())["summary"]
-                elif (run_dir / "best.safetensors").is_file():
-                    diagnostics[task, seed] = diagnose(run_dir, n_sequences=2, max_len=128)[
-                        "summary"
-                    ]
+    jobs = _Jobs(preset, overrides, data_dir, progress)
+    tuned, sweeps = _tune(jobs, root, tasks, variants, lr_sweep) if lr_sweep else ({}, {})
+    grid = [(t, v, s) for t in tasks for v in variants for s in seeds]
+    runs = [
+        jobs.run((t, v, s), t, v, s, root / f"{t}-{v}" / f"seed{s}",
+                 f"[{i}/{len(grid)}] {t} {v} seed {s}", tuned.get((t, VARIANTS[v][0])))
+        for i, (t, v, s) in enumerate(grid, 1)
+    ]  # fmt: skip
+    done = run_sweep(runs, root=root)
+    diagnostics = _diagnostics(root, tasks, seeds) if "hkt" in variants else {}
     shallow = {}
     if baselines:
         for task in tasks:
-            cfg, data = job(task, "mha", seeds[0], root / f"{task}-mha" / f"seed{seeds[0]}")
+            _, data = jobs.config(task, "mha", seeds[0], root / f"{task}-mha" / f"seed{seeds[0]}")
             shallow[task] = {k: {s: 100 * a for s, a in v.items()}
                              for k, v in shallow_baselines(data).items()}  # fmt: skip
-    results = summarise(root, tasks, seeds, finals, diagnostics, variants, shallow)
-    results["incomplete"] = incomplete
+    results = summarise(root, tasks, seeds, done.finals, diagnostics, variants, shallow)
+    results["incomplete"] = done.incomplete
     results["lr_sweep"] = {"rates": list(lr_sweep or []), "seed": SWEEP_SEED, "tasks": sweeps}
     results["wall_s"] = time.perf_counter() - started
     results["preset"] = preset
     results["overrides"] = overrides or {}
     (root / "results.json").write_text(json.dumps(json_safe(results), indent=2, allow_nan=False))
-    table = results_table(results)
-    (root / "results.md").write_text(table + "\n")
+    (root / "results.md").write_text(results_table(results) + "\n")
     plot_curves(root, tasks, seeds, root / "val_accuracy.png", variants)
     plot_hkt_parameters(results, root / "hkt_levels_beta.png")
     return results
@@ -293,7 +303,7 @@ def _clearly_above(accs: Sequence[float], level: float) -> bool:
 
 def _acc_cell(x: dict[str, Any]) -> str:
     """Mean ± std of a model's test accuracy, "-" for a model not trained in this call."""
-    return f"{x['mean']:.2f} ± {x['std']:.2f}" if x["test_acc"] else "-"
+    return mean_std_cell(x["mean"], x["std"]) if x["test_acc"] else "-"
 
 
 def results_table(results: dict[str, Any]) -> str:
@@ -354,10 +364,6 @@ SHALLOW_NAMES = {
 }
 
 
-def _verdict(d: dict[str, Any], a: str, b: str) -> str:
-    return {"a better": f"{a} better", "b better": f"{b} better"}.get(d["verdict"], "inconclusive")
-
-
 def task_block(task: str, r: dict[str, Any], results: dict[str, Any]) -> list[str]:
     """Every model of ``task`` beside the shallow baselines, and the paired comparisons."""
     data = r.get("data_source", "-") + (" **(stand-in)**" if r.get("stand_in") else "")
@@ -373,23 +379,19 @@ def task_block(task: str, r: dict[str, Any], results: dict[str, Any]) -> list[st
         flat_text = f"{sum(1 for f in flat if f)}/{len(flat)}" if flat else "-"
         params = f"{m['parameters']:,}" if m.get("parameters") else "-"
         lines.append(
-            f"| {m['name']} | {params} | {m['mean']:.2f} ± {m['std']:.2f} "
+            f"| {m['name']} | {params} | {mean_std_cell(m['mean'], m['std'])} "
             f"| {len(m['test_acc'])} | {flat_text} |"
         )
     for key, acc in r.get("shallow", {}).items():
         lines.append(f"| {SHALLOW_NAMES.get(key, key)} | - | {acc['test']:.2f} | - | - |")
     if r.get("comparisons"):
-        lines += [
-            "",
-            "| comparison (paired by seed) | Δ mean (pp) | 95% interval | verdict |",
-            "|---|---:|---|---|",
-        ]
+        rows = []
         for name, d in r["comparisons"].items():
             other = name.split(" - ")[1]
-            lines.append(
-                f"| HKT − {r[other]['name']} | {d['mean']:+.2f} "
-                f"| [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}] | {_verdict(d, 'HKT', other)} |"
+            rows.append(
+                (f"HKT − {r[other]['name']}", d, verdict(d, "HKT better", f"{other} better"))
             )
+        lines += ["", *comparison_table(rows)]
     if "beats_outermost" in r:
         cue = r["shallow"]["outermost_operator"]["test"]
         above = [v for v, ok in r["beats_outermost"].items() if ok]

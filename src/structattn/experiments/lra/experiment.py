@@ -1,13 +1,13 @@
-"""HKT and its MHA baseline on the paper's three tasks: data + model + report on the engine.
+"""HKT and its MHA baseline on the paper's three tasks, as an :class:`Experiment`.
 
     structattn train --config listops-hkt --preset quick --seed 0
     torchrun --nproc-per-node 2 -m structattn.cli train --config listops-hkt   # 2 processes
 
-With P processes each step consumes ``P * batch_size`` examples. A run directory holds
-``config.yaml`` (resolved), ``metrics.csv``, TensorBoard events in ``tb/``, ``checkpoints/``
-(atomic, resumable), ``best.safetensors`` and ``final.json``. ``--resume`` restores weights,
+With P processes each step consumes ``P * batch_size`` examples. A run folder holds what
+:class:`~structattn.engine.RunDir` names (``config.yaml``, ``metrics.csv``, ``tb/``,
+``checkpoints/``, ``best.safetensors``, ``final.json``). ``--resume`` restores weights,
 optimizer, scheduler, step, RNG states and the data position, so N + N steps give exactly the
-parameters of 2N straight steps (see :mod:`structattn.train.engine`).
+parameters of 2N straight steps (see :mod:`structattn.engine.loop`).
 """
 
 from __future__ import annotations
@@ -18,28 +18,30 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 from torch.utils.data import DataLoader
 
 from structattn.data import SequenceDataset, TaskData, load_task, pad_collate
+from structattn.engine import Experiment, FitResult, RunDir, build_dataclass, json_safe
 from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import SequenceClassifier, count_parameters
 
-from .checkpoint import load_run_weights
-from .config import ExperimentConfig, config_from_dict
-from .engine import Engine, json_safe
+from .config import LRAConfig
 
-__all__ = ["build_model", "evaluate", "evaluate_run", "hkt_state", "load_run_config", "train"]
+__all__ = [
+    "SequenceClassification",
+    "build_model",
+    "evaluate",
+    "evaluate_run",
+    "hkt_state",
+    "load_run_config",
+    "train",
+]
 
 
 def _model_inputs(items) -> dict[str, torch.Tensor]:
     batch = pad_collate(items)
     return {"tokens": batch["tokens"], "mask": batch["mask"], "labels": batch["labels"]}
-
-
-def _accuracy(out, batch) -> tuple[int, int]:
-    return int((out.logits.argmax(-1) == batch["labels"]).sum()), len(batch["labels"])
 
 
 @torch.no_grad()
@@ -72,7 +74,7 @@ def evaluate(
     return {"loss": total_loss / count, "acc": correct / count, "n": count}
 
 
-def build_model(cfg: ExperimentConfig, data: TaskData) -> SequenceClassifier:
+def build_model(cfg: LRAConfig, data: TaskData) -> SequenceClassifier:
     """The classifier for ``cfg`` with vocab, classes and max length taken from ``data``."""
     model_cfg = cfg.model.replace(
         vocab_size=data.vocab_size, num_classes=data.num_classes, max_len=data.seq_len
@@ -92,73 +94,81 @@ def hkt_state(model: SequenceClassifier) -> dict[str, Any] | None:
         }
 
 
-def _check_splits(data: TaskData) -> None:
-    for split in ("train", "val", "test"):
-        if len(getattr(data, split)) == 0:
-            raise RunError(f"task {data.name}: the {split} split is empty ({data.source})")
+class SequenceClassification(Experiment):
+    """One LRA task (ListOps, sequential images, byte-level text) with HKT or MHA: accuracy on
+    validation picks the best weights, which are then scored on the test split."""
+
+    def __init__(self, cfg: LRAConfig, data: TaskData | None = None, progress: bool = True):
+        super().__init__(cfg, progress)
+        self.data = data
+
+    def build_data(self) -> None:
+        if self.data is None:
+            self.data = load_task(self.cfg.data)
+        for split in ("train", "val", "test"):
+            if len(getattr(self.data, split)) == 0:
+                raise RunError(f"task {self.data.name}: the {split} split is empty "
+                               f"({self.data.source})")  # fmt: skip
+        self.train_set = self.data.train
+
+    def build_model(self) -> SequenceClassifier:
+        return build_model(self.cfg, self.data)
+
+    def collate(self, items) -> dict[str, torch.Tensor]:
+        return _model_inputs(items)
+
+    def accuracy(self, output, batch) -> tuple[int, int]:
+        return int((output.logits.argmax(-1) == batch["labels"]).sum()), len(batch["labels"])
+
+    def _evaluate(self, model, split: str, max_batches: int | None = None) -> dict[str, float]:
+        engine = self.engine
+        return evaluate(model, getattr(self.data, split), self.cfg.train.batch_size,
+                        engine.device, max_batches, engine.accelerator.autocast)  # fmt: skip
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        return self._evaluate(model, "val", self.cfg.train.eval_batches)
+
+    def report(self, model: SequenceClassifier, fit: FitResult) -> dict[str, Any]:
+        cfg, data, engine = self.cfg, self.data, self.engine
+        test = self._evaluate(model, "test")
+        return {
+            "name": cfg.name,
+            "task": data.name,
+            "attention": cfg.model.attention,
+            "seed": cfg.seed,
+            "data_source": data.source,
+            "stand_in": data.stand_in,
+            "seq_len": data.seq_len,
+            "steps": fit.step,
+            "skipped_steps": fit.skipped_steps,
+            "best_step": fit.best["step"],
+            "val_acc": fit.best["value"],
+            "test_acc": test["acc"],
+            "test_loss": test["loss"],
+            "test_examples": test["n"],
+            "median_step_ms": fit.median_step_ms,
+            "parameters": count_parameters(model),
+            "device": str(engine.device),
+            "processes": engine.accelerator.num_processes,
+            "hkt": hkt_state(model),
+        }
 
 
-def train(cfg: ExperimentConfig, data: TaskData | None = None, progress: bool = True) -> dict:
+def train(cfg: LRAConfig, data: TaskData | None = None, progress: bool = True) -> dict:
     """Train ``cfg``; returns the final metrics (also written to ``final.json``), or
     ``{"paused_at": step, ...}`` when ``train.stop_at`` paused the run."""
-    run_dir = cfg.resolved_run_dir()
-    engine = Engine.for_experiment(cfg, run_dir, cfg.name, progress)
-    data = data if data is not None else load_task(cfg.data)
-    _check_splits(data)
-    model = build_model(cfg, data)
-    acc = engine.accelerator
-
-    def validate(m: nn.Module) -> dict[str, float]:
-        return evaluate(
-            m, data.val, cfg.train.batch_size, engine.device, cfg.train.eval_batches, acc.autocast
-        )
-
-    result = engine.fit(model, data.train, _model_inputs, validate, accuracy=_accuracy)
-    if result.paused:
-        return {"name": cfg.name, "paused_at": result.step, "run_dir": str(run_dir)}
-    raw = result.model
-    engine.load_best(raw)
-    test = evaluate(raw, data.test, cfg.train.batch_size, engine.device, autocast=acc.autocast)
-    final = {
-        "name": cfg.name,
-        "task": data.name,
-        "attention": cfg.model.attention,
-        "seed": cfg.seed,
-        "data_source": data.source,
-        "stand_in": data.stand_in,
-        "seq_len": data.seq_len,
-        "steps": result.step,
-        "skipped_steps": result.skipped_steps,
-        "best_step": result.best["step"],
-        "val_acc": result.best["value"],
-        "test_acc": test["acc"],
-        "test_loss": test["loss"],
-        "test_examples": test["n"],
-        "median_step_ms": result.median_step_ms,
-        "parameters": count_parameters(raw),
-        "device": str(engine.device),
-        "processes": acc.num_processes,
-        "hkt": hkt_state(raw),
-    }
-    engine.write_json("final.json", final)
-    return json_safe(final)
+    return SequenceClassification(cfg, data, progress).run()
 
 
-def load_run_config(run_dir: Path) -> ExperimentConfig:
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise RunError(f"{path} not found: is {run_dir} a run directory?")
-    try:
-        values = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise RunError(f"{path} is not valid YAML ({err})") from None
-    if not isinstance(values, dict):
-        raise RunError(f"{path} does not hold an experiment config")
+def load_run_config(run_dir: Path) -> LRAConfig:
+    """The config a run folder was trained with (``resume`` off)."""
+    rd = RunDir(run_dir)
+    values = rd.read_config()
     values["resume"] = False
     try:
-        return config_from_dict(values)
+        return build_dataclass(LRAConfig, values)
     except ConfigError as err:
-        raise RunError(f"{path}: {err}") from None
+        raise RunError(f"{rd.config}: {err}") from None
 
 
 def evaluate_run(run_dir: Path, split: str = "test", data: TaskData | None = None) -> dict:
@@ -171,7 +181,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: TaskData | None = Non
     if len(getattr(data, split)) == 0:
         raise RunError(f"the {split} split of {data.name} is empty")
     model = build_model(cfg, data)
-    weights = str(load_run_weights(model, run_dir))
+    weights = str(RunDir(run_dir).load_weights(model))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     metrics = evaluate(model.to(device), getattr(data, split), cfg.train.batch_size, device)
     return json_safe(

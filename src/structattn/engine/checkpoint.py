@@ -338,25 +338,3 @@ def load_checkpoint(path: Path, model: nn.Module, partial: bool = False) -> dict
     weights, state = _read_checkpoint(Path(path))
     _apply(model, weights, Path(path), partial)
     return state
-
-
-def load_run_weights(model: nn.Module, run_dir: Path) -> Path:
-    """Load a run's ``best.safetensors``, else its latest checkpoint, into ``model``; return
-    the file read. A run without either, or a damaged file, is a ``RunError`` naming it."""
-    from structattn.errors import RunError
-
-    run_dir = Path(run_dir)
-    best = run_dir / "best.safetensors"
-    try:
-        if best.is_file():
-            load_weights(model, best)
-            return best
-        latest = latest_checkpoint(run_dir / "checkpoints")
-        if latest is None:
-            raise RunError(f"{run_dir} has neither best.safetensors nor a checkpoint")
-        load_checkpoint(latest, model)
-        return latest
-    except RunError:
-        raise
-    except Exception as err:  # damaged files: say which
-        raise RunError(f"{run_dir}: cannot load weights ({type(err).__name__}: {err})") from None

@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from structattn.data import load_task
+from structattn.engine import RunDir
+from structattn.engine.checkpoint import load_weights
 from structattn.errors import RunError
 from structattn.hkt import diagnostics as dg
 from structattn.hkt.attention import HKTAttention
 
-from .checkpoint import load_weights
-from .hkt import build_model, load_run_config
+from .experiment import build_model, load_run_config
 
 __all__ = ["diagnose", "diagnose_model", "summary_line"]
 
@@ -165,6 +166,7 @@ def to_markdown(report: dict[str, Any], title: str) -> str:
 
 
 def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``diagnostics.png`` (six panels per layer) and ``kurtosis.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +175,6 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
 
     layers = report["layers"]
     n = len(layers)
-    paths = []
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     lam = np.array([layer["level_weights"] for layer in layers])  # (layers, H, L)
     L = lam.shape[-1]
@@ -223,8 +224,17 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     path = out_dir / "diagnostics.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(path)
-    # Kurtosis: excess kurtosis per head against the Gaussian's 0.
+    return [path, _plot_kurtosis(layers, out_dir)]
+
+
+def _plot_kurtosis(layers: list[dict[str, Any]], out_dir: Path) -> Path:
+    """Excess kurtosis per head against the Gaussian's 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
     fig, ax = plt.subplots(figsize=(6, 4))
     ek = np.array([layer["excess_kurtosis"] for layer in layers])
     ax.hist(ek.ravel(), bins=20, color="tab:red", alpha=0.7, label="heads")
@@ -235,8 +245,7 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     path = out_dir / "kurtosis.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    paths.append(path)
-    return paths
+    return path
 
 
 def diagnose(
@@ -249,7 +258,7 @@ def diagnose(
         raise RunError(f"{run_dir} trained attention={cfg.model.attention!r}; diagnose needs hkt")
     data = load_task(cfg.data)
     model = build_model(cfg, data)
-    weights = run_dir / "best.safetensors"
+    weights = RunDir(run_dir).best
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found: has the run finished an evaluation?")
     load_weights(model, weights)

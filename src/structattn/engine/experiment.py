@@ -1,0 +1,101 @@
+"""The one interface the engine runs: an experiment builds data and a model, collates batches,
+evaluates, and reports; :meth:`Experiment.run` does the rest the same way for every experiment.
+
+::
+
+    class MyTask(Experiment):
+        def build_data(self):            self.train_set, self.val_set = ...
+        def build_model(self):           return MyModel(self.cfg.model)
+        def collate(self, items):        return {"x": ..., "labels": ...}   # model(**batch).loss
+        def validate(self, model):       return {"acc": ...}                # holds `select`
+        def report(self, model, fit):    return {"test_acc": ...}           # -> final.json
+
+    result = MyTask(cfg).run()   # cfg: a RunConfig subclass
+
+The LRA tasks (:mod:`structattn.experiments.lra`), the byte LM (:mod:`structattn.experiments.lm`)
+and GL-Fusion node classification (:mod:`structattn.experiments.glfusion`) are three of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from .loop import Engine
+from .rundir import json_safe
+from .state import FitResult
+
+__all__ = ["Experiment"]
+
+
+class Experiment:
+    """One run of one experiment. Subclasses set :attr:`train_set` in :meth:`build_data` and
+    implement the methods below; ``self.engine`` exists from :meth:`build_data` on (its device
+    and ``accelerator.autocast`` are what evaluation uses)."""
+
+    #: The validation metric that picks the best weights (higher is better).
+    select: str = "acc"
+    #: Checkpoint only the parameters that train (a frozen base model is not copied).
+    only_trainable: bool = False
+
+    def __init__(self, cfg: Any, progress: bool = True):
+        self.cfg = cfg
+        self.progress = progress
+        self.engine: Engine | None = None
+        self.train_set: Sequence[Any] = ()
+
+    # ------------------------------------------------------------------ what an experiment is
+
+    def build_data(self) -> None:
+        """Load or build the data; set :attr:`train_set` (indexable examples)."""
+        raise NotImplementedError
+
+    def build_model(self) -> nn.Module:
+        """The model to train: ``model(**collate(items))`` returns an output with ``.loss``."""
+        raise NotImplementedError
+
+    def collate(self, items: list[Any]) -> dict[str, Any]:
+        """The keyword arguments of the model for a list of training examples."""
+        raise NotImplementedError
+
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        """Validation metrics, :attr:`select` among them (called every ``train.eval_every``)."""
+        raise NotImplementedError
+
+    def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
+        """The results of the finished run (``model`` holds the best weights); written to
+        ``final.json``. Other files go through ``self.engine.dir``."""
+        raise NotImplementedError
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
+        """AdamW groups; ``None``: the engine's one decay rule."""
+        return None
+
+    def accuracy(self, output: Any, batch: dict[str, Any]) -> tuple[int, int] | None:
+        """``(correct, n)`` of a training batch for the log, or ``None`` (not logged)."""
+        return None
+
+    # ------------------------------------------------------------------ the run
+
+    def make_engine(self) -> Engine:
+        return Engine.for_config(
+            self.cfg, self.progress, only_trainable=self.only_trainable, select=self.select
+        )
+
+    def run(self) -> dict[str, Any]:
+        """Train, then report on the best weights; returns the results (also in
+        ``final.json``), or ``{"paused_at": step, ...}`` when ``train.stop_at`` paused it."""
+        self.engine = engine = self.make_engine()
+        self.build_data()
+        model = self.build_model()
+        accuracy = self.accuracy if type(self).accuracy is not Experiment.accuracy else None
+        fit = engine.fit(model, self.train_set, self.collate, self.validate,
+                         groups=self.param_groups(model), accuracy=accuracy)  # fmt: skip
+        if fit.paused:
+            return {"name": self.cfg.name, "paused_at": fit.step, "run_dir": str(engine.run_dir)}
+        engine.load_best(fit.model)
+        final = json_safe(self.report(fit.model, fit))
+        engine.write_json(engine.dir.FINAL, final)
+        return final

@@ -1,0 +1,465 @@
+"""The training engine both systems share: one loop, any device, any number of processes.
+
+An :class:`~structattn.engine.experiment.Experiment` builds its data and model and hands them to
+:class:`Engine`; the engine owns everything else:
+
+* ``accelerate`` setup (mixed precision, device, processes) and device placement of every batch
+  (dicts, lists, dataclasses with ``.to``: :func:`accelerate.utils.send_to_device`);
+* the model contract of transformers: ``model(**batch)`` returns an output with ``.loss``;
+* AdamW over :func:`param_groups` (one stated decay rule), linear warmup then cosine / linear /
+  constant decay, gradient clipping, gradient accumulation (``train.grad_accum`` micro-batches
+  per step, same examples per step);
+* evaluation every ``train.eval_every`` steps with the best weights kept
+  (``best.safetensors``), CSV + TensorBoard logs, a tqdm bar;
+* atomic checkpoints and exact resume: weights, optimizer, scheduler, step, RNG states and the
+  data position (batches are a pure function of the step), ``stop_at`` pauses;
+* faults: SIGINT and SIGTERM finish the step in progress, checkpoint and exit with
+  ``128 + signal``; a damaged newest checkpoint falls back to the previous valid one; a
+  non-finite loss or gradient stops the run (``train.nonfinite=skip`` drops the update and
+  counts it); ``--resume`` refuses a config that changed more than budget and logging;
+* ranks: every rank trains its slice of each step's batch; only the main process writes, and
+  all ranks meet before and after each checkpoint.
+
+Launching several processes::
+
+    # GPUs (run `accelerate config` once for FSDP / DeepSpeed, or pass flags)
+    accelerate launch --num_processes 8 -m structattn.cli train --config listops-hkt
+    torchrun --nproc-per-node 8 -m structattn.cli train --config listops-hkt
+    # CPUs (gloo): torchrun; the engine switches accelerate to multi-CPU when WORLD_SIZE > 1
+    torchrun --nproc-per-node 2 -m structattn.cli train --config listops-hkt
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from structattn.errors import RunError
+
+from .checkpoint import (
+    atomic_save_weights,
+    load_latest_valid,
+    load_weights,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from .config import RESUMABLE_CHANGES, OptimConfig, TrainConfig, config_to_dict
+from .metrics import MetricsLog
+from .optim import build_optimizer, describe_groups, param_groups
+from .rundir import RunDir
+from .sampler import StepBatchSampler
+from .state import FitResult, TrainState, Window
+
+__all__ = ["Engine", "NonFiniteLossError"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss or gradient norm."""
+
+
+class _StopSignals:
+    """SIGINT / SIGTERM set a flag that the loop reads between steps; a second SIGINT
+    raises ``KeyboardInterrupt`` at once (every write is atomic, so nothing breaks)."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum, frame):
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+        print(
+            f"\n{signal.Signals(signum).name}: finishing this step, then checkpointing "
+            "(Ctrl-C again aborts at once)",
+            file=sys.stderr,
+        )
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class Engine:
+    """One training run in ``run_dir``. Create it first (it sets up ``accelerate``, checks the
+    run directory and seeds every RNG), then build data and model, then call :meth:`fit`.
+
+    ``config`` is the run's plain config dict: written to ``config.yaml`` and compared on
+    ``resume`` (keys outside ``resumable`` may not change). ``only_trainable`` checkpoints just
+    the parameters that require grad (a frozen base LM is not copied). ``select`` is the
+    evaluation metric that picks the best weights (higher is better)."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path | RunDir,
+        optim: OptimConfig,
+        train: TrainConfig,
+        seed: int,
+        config: dict[str, Any],
+        resume: bool = False,
+        name: str = "train",
+        progress: bool = True,
+        only_trainable: bool = False,
+        select: str = "acc",
+        resumable: frozenset[str] = RESUMABLE_CHANGES,
+    ):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        self.dir = RunDir(run_dir)
+        self.run_dir = self.dir.path
+        self.optim, self.train, self.seed = optim, train, seed
+        self.config, self.name, self.progress = config, name, progress
+        self.only_trainable, self.select = only_trainable, select
+        self.resume = resume
+        # torchrun on machines without CUDA: accelerate needs cpu=True to form a gloo group.
+        multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        self.accelerator = Accelerator(
+            mixed_precision="bf16" if train.bf16 else "no", cpu=multi_cpu
+        )
+        self.is_main = self.accelerator.is_main_process
+        if self.is_main:
+            self.dir.lock()
+        self.dir.check_start(resume)
+        if resume:
+            self.dir.check_resume_config(config, resumable)
+        if self.is_main:
+            self.dir.clean()
+        self.accelerator.wait_for_everyone()
+        set_seed(seed)
+
+    @classmethod
+    def for_config(cls, cfg: Any, progress: bool = True, **kwargs: Any) -> Engine:
+        """The engine of a :class:`~structattn.engine.config.RunConfig` (its folder, sections,
+        seed, resume flag and resumable keys; written to ``config.yaml`` as a plain dict)."""
+        kwargs.setdefault("resumable", type(cfg).resumable)
+        return cls(
+            run_dir=cfg.resolved_run_dir(),
+            optim=cfg.optim,
+            train=cfg.train,
+            seed=cfg.seed,
+            config=config_to_dict(cfg),
+            resume=cfg.resume,
+            name=cfg.name,
+            progress=progress,
+            **kwargs,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def say(self, text: str) -> None:
+        """A line on stderr from the main process, when progress is shown."""
+        if self.is_main and self.progress:
+            print(text, file=sys.stderr)
+
+    # ------------------------------------------------------------------ files
+
+    def write_config(self) -> None:
+        if self.is_main:
+            self.dir.write_config(self.config)
+
+    def write_json(self, name: str, payload: dict[str, Any]) -> None:
+        """``run_dir/name`` as strict JSON (NaN written as null), main process only."""
+        if self.is_main:
+            self.dir.write_json(name, payload)
+
+    def save_best(self, model: nn.Module) -> None:
+        if self.is_main:
+            atomic_save_weights(model, self.dir.best, self.only_trainable)
+
+    def load_best(self, model: nn.Module) -> bool:
+        """Load ``best.safetensors`` into ``model``; ``False`` when there is none."""
+        if not self.dir.best.is_file():
+            return False
+        try:
+            load_weights(model, self.dir.best, partial=self.only_trainable)
+        except ValueError as err:
+            raise RunError(str(err)) from None
+        return True
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(
+        self,
+        model: nn.Module,
+        train_set: Sequence[Any],
+        collate: Callable[[list[Any]], dict[str, Any]],
+        evaluate: Callable[[nn.Module], dict[str, float]],
+        *,
+        groups: list[dict[str, Any]] | None = None,
+        accuracy: Callable[[Any, dict[str, Any]], tuple[int, int]] | None = None,
+    ) -> FitResult:
+        """Train ``model`` on ``train_set`` (indexable; ``collate(items)`` gives the keyword
+        arguments of ``model``, labels included) for ``train.max_steps`` steps.
+
+        ``evaluate(model)`` returns validation metrics including ``self.select``; ``groups``
+        overrides :func:`param_groups`; ``accuracy(output, batch) -> (correct, n)`` adds the
+        training accuracy to the log."""
+        sampler, log = self._setup(model, train_set, groups, accuracy)
+        state = self._state
+        bar = tqdm(total=self.train.max_steps, initial=state.step, desc=self.name, unit="step",
+                   disable=not (self.progress and self.is_main), file=sys.stderr,
+                   dynamic_ncols=True)  # fmt: skip
+        history: list[dict[str, Any]] = []
+        window, paused, signals = Window(), False, _StopSignals()
+        with signals:
+            try:
+                for indices in sampler:
+                    self._train_step(train_set, collate, indices, window)
+                    bar.update(1)
+                    if state.step % self.train.log_every == 0:
+                        self._log_train(log, bar, window)
+                        window = Window()
+                    evaluated = self._maybe_evaluate(evaluate, log, bar, history)
+                    if self._all_ranks(signals.received is not None, any):
+                        self._stop_on_signal(signals.received, evaluated, bar, log)
+                    if state.step == self.train.stop_at and state.step < self.train.max_steps:
+                        if not evaluated:
+                            self._checkpoint()
+                        paused = True
+                        break
+            finally:
+                bar.close()
+                log.close()
+        return FitResult(state.step, state.best, state.step_times, state.skipped, paused,
+                         self._raw, history)  # fmt: skip
+
+    def _setup(self, model, train_set, groups, accuracy) -> tuple[StepBatchSampler, MetricsLog]:
+        """Optimizer and schedule, the resumed state (only then are ``config.yaml`` and
+        ``metrics.csv`` rewritten), device placement, the step sampler and the RNG."""
+        if len(train_set) < 1:
+            raise RunError("the training set is empty")
+        groups = groups if groups is not None else param_groups(model, self.optim.weight_decay)
+        self.say(describe_groups(groups))
+        optimizer, scheduler = build_optimizer(groups, self.optim, self.train.max_steps)
+        state, saved_rng = TrainState(), None
+        if self.resume:
+            saved_rng = self._resume(model, optimizer, scheduler, state)
+        self.write_config()  # only after a successful load: config.yaml may be rewritten
+        model, optimizer = self.accelerator.prepare(model, optimizer)
+        self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
+        self._raw = self.accelerator.unwrap_model(model)
+        self._trainable = [p for p in model.parameters() if p.requires_grad]
+        self._state, self._accuracy = state, accuracy
+        acc = self.accelerator
+        log = MetricsLog(self.dir, state.step, enabled=self.is_main)
+        sampler = StepBatchSampler(
+            len(train_set),
+            self.train.batch_size,
+            self.seed,
+            state.step,
+            self.train.max_steps,
+            acc.process_index,
+            acc.num_processes,
+        )
+        if saved_rng is not None:
+            set_rng_state(saved_rng)
+        return sampler, log
+
+    def _resume(self, model, optimizer, scheduler, state: TrainState) -> dict[str, Any]:
+        """Load the newest valid checkpoint into the model, optimizer, scheduler and state;
+        return its RNG state (set once the data sampler exists)."""
+        path, saved = self._load_latest(model)
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        state.load_state_dict(saved)
+        self.say(f"resumed from {path} (step {state.step})")
+        return saved["rng"]
+
+    def _train_step(self, train_set, collate, indices, window: Window) -> None:
+        """One optimizer step (or a skipped one) on ``indices``; the step's time recorded."""
+        state = self._state
+        start = time.perf_counter()
+        self._model.train()
+        loss_value, correct, count = self._forward_backward(train_set, collate, indices)
+        norm = None
+        if self.optim.grad_clip:
+            norm = self.accelerator.clip_grad_norm_(self._trainable, self.optim.grad_clip)
+        finite = math.isfinite(loss_value) and (
+            norm is None or bool(torch.isfinite(torch.as_tensor(norm)))
+        )
+        finite = self._all_ranks(finite, all)
+        if finite:
+            self._optimizer.step()
+        else:
+            self._skip(loss_value, norm)
+        self._scheduler.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        state.step_times.append(time.perf_counter() - start)
+        state.step += 1
+        if finite:
+            window.add(loss_value, correct, count)
+
+    def _skip(self, loss_value: float, norm) -> None:
+        """A non-finite step: stop the run, or (``train.nonfinite=skip``) count and warn."""
+        state, tc = self._state, self.train
+        state.skipped += 1
+        what = (
+            f"loss {loss_value}"
+            if not math.isfinite(loss_value)
+            else f"gradient norm {float(norm)}"
+        )
+        if tc.nonfinite == "error" or state.skipped > tc.max_skipped:
+            raise NonFiniteLossError(
+                f"non-finite training {what} at step {state.step + 1} of {self.run_dir}; "
+                "nothing of this step was applied. Lower optim.lr, check the data, or set "
+                f"train.nonfinite=skip (skipped so far: {state.skipped - 1}, limit "
+                f"train.max_skipped={tc.max_skipped}); --resume continues from the last checkpoint"
+            )
+        warnings.warn(
+            f"step {state.step + 1}: non-finite {what}, update skipped "
+            f"({state.skipped}/{tc.max_skipped})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _log_train(self, log: MetricsLog, bar, window: Window) -> None:
+        loss_sum, correct_sum, count_sum = self._sum_ranks(
+            window.loss, window.correct, window.count
+        )
+        if not count_sum:
+            return
+        log.log(
+            self._state.step,
+            "train",
+            loss=loss_sum / count_sum,
+            acc=correct_sum / count_sum if self._accuracy is not None else None,
+            lr=self._scheduler.get_last_lr()[0],
+            step_ms=1e3 * self._state.step_times[-1],
+        )
+        bar.set_postfix(loss=f"{loss_sum / count_sum:.3f}")
+
+    def _maybe_evaluate(self, evaluate, log: MetricsLog, bar, history: list) -> bool:
+        """Evaluate, keep the best weights and checkpoint, every ``eval_every`` steps and at the
+        end; whether it did."""
+        state = self._state
+        if not (state.step % self.train.eval_every == 0 or state.step == self.train.max_steps):
+            return False
+        metrics = evaluate(self._raw)
+        if self.select not in metrics:
+            raise KeyError(f"evaluate() returned no {self.select!r}")
+        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get("acc"))
+        history.append({"step": state.step, **metrics})
+        value = metrics[self.select]
+        bar.set_postfix({f"val_{self.select}": f"{value:.3f}"})
+        if state.improve(value):
+            self.save_best(self._raw)
+        self._checkpoint()
+        return True
+
+    def _stop_on_signal(self, received: int | None, evaluated: bool, bar, log) -> None:
+        """SIGINT/SIGTERM: checkpoint (unless this step just did) and exit ``128 + signal``."""
+        if not evaluated:
+            self._checkpoint()
+        bar.close()
+        log.close()
+        name = signal.Signals(received).name if received else "signal"
+        print(
+            f"{name}: stopped at step {self._state.step}; checkpoint saved, continue with "
+            f"--resume (run_dir {self.run_dir})",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + (received or signal.SIGTERM))
+
+    def _checkpoint(self) -> None:
+        """Weights, optimizer, scheduler, RNG and the loop's state, atomically; all ranks meet
+        before and after."""
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            extra = {
+                "optimizer": self._optimizer.state_dict(),
+                "scheduler": self._scheduler.state_dict(),
+                "rng": rng_state(),
+                **self._state.state_dict(),
+            }
+            save_checkpoint(self.dir.checkpoints, self._state.step, self._raw, extra,
+                            keep=self.train.keep_checkpoints,
+                            only_trainable=self.only_trainable)  # fmt: skip
+        self.accelerator.wait_for_everyone()
+
+    def _forward_backward(self, train_set, collate, indices) -> tuple[float, int, int]:
+        """Forward and backward of one step's batch in ``grad_accum`` micro-batches; returns the
+        step's mean loss, correct predictions and examples."""
+        from accelerate.utils import send_to_device
+
+        acc, model = self.accelerator, self._model
+        k = min(self.train.grad_accum, len(indices))
+        chunks = [c.tolist() for c in torch.tensor(indices).tensor_split(k)] if k > 1 else [indices]
+        total, correct, count = 0.0, 0, 0
+        for j, chunk in enumerate(chunks):
+            batch = send_to_device(collate([train_set[i] for i in chunk]), self.device)
+            sync = contextlib.nullcontext() if j == len(chunks) - 1 else acc.no_sync(model)
+            with sync:
+                with acc.autocast():
+                    out = model(**batch)
+                loss = getattr(out, "loss", None)
+                if loss is None:
+                    raise RuntimeError("the model returned no .loss: the batch must hold labels")
+                acc.backward(loss * (len(chunk) / len(indices)) if k > 1 else loss)
+            value = loss.item()
+            total += value * len(chunk)
+            if self._accuracy is not None:
+                c, _ = self._accuracy(out, batch)
+                correct += c
+            count += len(chunk)
+        return total / count, correct, count
+
+    def _all_ranks(self, flag: bool, reduce) -> bool:
+        """``reduce`` (``all`` / ``any``) of a flag over the processes."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return flag
+        t = torch.tensor([float(flag)], device=acc.device)
+        gathered = acc.gather(t)
+        return bool(reduce(gathered.bool().tolist()))
+
+    def _sum_ranks(self, *values: float) -> list[float]:
+        """Each value summed over the processes (the logged training metrics are global)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return list(values)
+        t = torch.tensor([list(values)], dtype=torch.float64, device=acc.device)
+        return acc.gather(t).sum(0).tolist()
+
+    def _load_latest(self, model: nn.Module) -> tuple[Path, dict[str, Any]]:
+        """The newest valid checkpoint into ``model`` (main process first: it sets damaged
+        ones aside, then the others load what it chose)."""
+        loaded = None
+        for turn in (True, False):
+            if self.is_main == turn:
+                try:
+                    loaded = load_latest_valid(
+                        self.dir.checkpoints, model, partial=self.only_trainable, quarantine=turn
+                    )
+                except ValueError as err:
+                    raise RunError(f"--resume: {err}") from None
+            self.accelerator.wait_for_everyone()
+        if loaded is None:
+            raise RunError(f"--resume: {self.dir.checkpoints} holds no checkpoint to resume from")
+        return loaded

@@ -1,0 +1,242 @@
+"""A run folder and the files it holds: the one place that names them.
+
+::
+
+    run_dir/
+      config.yaml          the resolved config (compared on --resume)
+      metrics.csv          step, split, loss, acc, lr, step_ms
+      tb/                  TensorBoard events
+      checkpoints/         step-NNNNNNNN/ (weights + state.pt) and a `latest` pointer
+      best.safetensors     the weights with the best validation metric
+      final.json           the run's results: its presence means the run is finished
+      .lock                held by the process writing the folder (its PID inside)
+
+Experiments add their own files beside these (``samples.md``, ``hf/``, ``best/``,
+``results.md``) through :meth:`RunDir.file`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from structattn.errors import RunError
+
+from .checkpoint import (
+    atomic_write_text,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_checkpoint,
+    load_weights,
+    remove_litter,
+)
+from .config import config_diff
+
+__all__ = ["RunDir", "json_safe"]
+
+#: Run folders whose lock this process holds (resolved path -> open descriptor): released when
+#: the process ends, however it ends.
+_HELD_LOCKS: dict[Path, int] = {}
+
+
+def json_safe(x: Any) -> Any:
+    """NaN and infinities as ``None`` (JSON has no NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
+
+
+class RunDir:
+    """The files of one run folder, and the rules of the folder: one writer, never overwritten
+    by a fresh run, resumed only with the config it was started with."""
+
+    CONFIG = "config.yaml"
+    METRICS = "metrics.csv"
+    TENSORBOARD = "tb"
+    CHECKPOINTS = "checkpoints"
+    BEST = "best.safetensors"
+    FINAL = "final.json"
+    LOCK = ".lock"
+    #: Files whose presence means the folder holds results a fresh run must not overwrite
+    #: (``results.json``: GL-Fusion runs of earlier versions; ``best``: a saved model folder).
+    RESULT_FILES = (FINAL, "results.json", BEST, "best")
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:  # open(), Path() and os functions take a RunDir
+        return str(self.path)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def best(self) -> Path:
+        return self.path / self.BEST
+
+    @property
+    def final(self) -> Path:
+        return self.path / self.FINAL
+
+    # ------------------------------------------------------------------ reading
+
+    def has_checkpoints(self) -> bool:
+        return bool(checkpoint_dirs(self.checkpoints))
+
+    def is_finished(self) -> bool:
+        """The run ended and wrote its results (``final.json``)."""
+        return self.final.is_file()
+
+    def read_final(self) -> dict[str, Any]:
+        """The finished run's results; a missing or damaged file is a RunError naming it."""
+        try:
+            payload = json.loads(self.final.read_text())
+        except FileNotFoundError:
+            raise RunError(f"{self.final} not found: {self.path} is not a finished run") from None
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RunError(f"{self.final} is damaged ({err}); remove it to retrain") from None
+        if not isinstance(payload, dict):
+            raise RunError(f"{self.final} does not hold a run's results")
+        return payload
+
+    def read_config(self) -> dict[str, Any]:
+        """The saved ``config.yaml`` as a plain mapping; a missing, damaged or non-mapping file
+        is a RunError naming it."""
+        if not self.config.is_file():
+            raise RunError(f"{self.config} not found: is {self.path} a run directory?")
+        try:
+            values = yaml.safe_load(self.config.read_text())
+        except yaml.YAMLError as err:
+            raise RunError(f"{self.config} is not valid YAML ({err})") from None
+        if not isinstance(values, dict):
+            raise RunError(f"{self.config} does not hold a run's config")
+        return values
+
+    def load_weights(self, model) -> Path:
+        """Load the run's ``best.safetensors``, else its latest checkpoint, into ``model``;
+        return the file read. Neither, or a damaged file, is a RunError naming it."""
+        try:
+            if self.best.is_file():
+                load_weights(model, self.best)
+                return self.best
+            latest = latest_checkpoint(self.checkpoints)
+            if latest is None:
+                raise RunError(f"{self.path} has neither {self.BEST} nor a checkpoint")
+            load_checkpoint(latest, model)
+            return latest
+        except RunError:
+            raise
+        except Exception as err:  # damaged files: say which
+            msg = f"{self.path}: cannot load weights ({type(err).__name__}: {err})"
+            raise RunError(msg) from None
+
+    # ------------------------------------------------------------------ writing
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        atomic_write_text(self.config, yaml.safe_dump(config, sort_keys=False))
+
+    def write_json(self, name: str, payload: dict[str, Any]) -> None:
+        """``name`` as strict JSON (NaN written as null), atomically."""
+        text = json.dumps(json_safe(payload), indent=2, allow_nan=False)
+        atomic_write_text(self.file(name), text + "\n")
+
+    def write_text(self, name: str, text: str) -> None:
+        atomic_write_text(self.file(name), text)
+
+    # ------------------------------------------------------------------ the rules
+
+    def lock(self) -> None:
+        """One writer per run folder: an advisory lock on ``.lock`` held for this process's
+        life; a second process is refused naming the holder's PID. Runs one after another in
+        one process share it. A path through a file is one error before anything is written."""
+        import fcntl
+
+        for parent in (self.path, *self.path.parents):
+            if parent.exists() and not parent.is_dir():
+                raise RunError(f"run_dir {self.path}: {parent} is a file, not a folder")
+        key = self.path.resolve()
+        if key in _HELD_LOCKS:
+            return
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise RunError(f"run_dir {self.path} cannot be written ({err.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunError(
+                f"{self.path} is in use by another process (PID {holder}); one writer per "
+                "run folder: wait for it, or choose another run_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD_LOCKS[key] = fd
+
+    def check_start(self, resume: bool) -> None:
+        """A fresh run needs a folder without checkpoints or results; ``resume`` one with a
+        checkpoint and a config."""
+        has_checkpoints = self.has_checkpoints()
+        if not resume and has_checkpoints:
+            raise RunError(
+                f"{self.path} already holds checkpoints: pass --resume to continue, "
+                "or choose another run_dir"
+            )
+        results = [n for n in self.RESULT_FILES if self.file(n).exists()]
+        if not resume and results:
+            raise RunError(
+                f"{self.path} already holds results ({', '.join(results)}) and is never "
+                "overwritten by a fresh run: choose another run_dir, or remove the folder"
+            )
+        if resume and not has_checkpoints:
+            raise RunError(f"--resume: {self.checkpoints} holds no checkpoint to resume from")
+
+    def check_resume_config(self, config: dict[str, Any], resumable: frozenset[str]) -> None:
+        """``config`` differs from the saved one only in ``resumable`` keys."""
+        if not self.config.is_file():
+            raise RunError(f"--resume: {self.config} is missing")
+        try:
+            saved = yaml.safe_load(self.config.read_text())
+        except yaml.YAMLError as err:
+            raise RunError(f"--resume: {self.config} is not valid YAML ({err})") from None
+        changed = [k for k in config_diff(saved or {}, config) if k not in resumable]
+        if changed:
+            raise RunError(
+                f"--resume: the config differs from {self.config} in {', '.join(changed)}; "
+                f"only {', '.join(sorted(resumable))} may change on resume "
+                "(start a new run_dir to change the rest)"
+            )
+
+    def clean(self) -> None:
+        """Create the folder and remove what interrupted atomic writes left in it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        remove_litter(self.path)

@@ -1,0 +1,90 @@
+"""Sweeps: many runs of one experiment (variants x seeds x learning rates) into one folder tree,
+resumable at any point. A finished run (``final.json``) is read back, never retrained; a run
+with a checkpoint is resumed; a paused one is reported as incomplete. ``reproduce`` and
+``ablate`` of both systems are sweeps (:mod:`.lra.reproduce`, :mod:`.glfusion.ablate`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from structattn.engine import RunDir
+from structattn.errors import ConfigError
+
+__all__ = ["SweepResult", "SweepRun", "run_sweep", "tune_lr"]
+
+
+@dataclass
+class SweepRun:
+    """One run of a sweep: its key in the results, its folder, a label for the log, and
+    ``train(resume)`` that trains it (or resumes it) and returns its results."""
+
+    key: Hashable
+    run_dir: Path
+    label: str
+    train: Callable[[bool], dict[str, Any]]
+
+
+@dataclass
+class SweepResult:
+    """The finished runs by key, and the folders of those left unfinished."""
+
+    finals: dict[Hashable, dict[str, Any]] = field(default_factory=dict)
+    incomplete: list[str] = field(default_factory=list)
+
+
+def run_sweep(
+    runs: Iterable[SweepRun],
+    train_missing: bool = True,
+    root: Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> SweepResult:
+    """Every run in order: read back when finished, else trained (resumed when it has a
+    checkpoint); ``train_missing=False`` trains nothing. ``incomplete`` names paused runs
+    relative to ``root``."""
+    say = log if log is not None else (lambda text: print(text, file=sys.stderr))
+    out = SweepResult()
+    for run in runs:
+        rd = RunDir(run.run_dir)
+        if rd.is_finished():
+            say(f"{run.label}: done, skipped")
+            out.finals[run.key] = rd.read_final()
+            continue
+        if not train_missing:
+            continue
+        say(f"{run.label} -> {rd}")
+        result = run.train(rd.has_checkpoints())
+        if "paused_at" in result:  # train.stop_at: not a finished run
+            where = Path(run.run_dir).relative_to(root) if root is not None else run.run_dir
+            out.incomplete.append(f"{where} (paused at {result['paused_at']})")
+            continue
+        out.finals[run.key] = result
+    return out
+
+
+def check_rates(rates: Sequence[float] | None) -> None:
+    if rates is not None and (not rates or min(rates) <= 0):
+        raise ConfigError(f"lr_sweep must list positive learning rates, got {list(rates)}")
+
+
+def tune_lr(
+    rates: Sequence[float],
+    make_run: Callable[[float], SweepRun],
+    score: str,
+    **sweep: Any,
+) -> tuple[float | None, dict[str, float]]:
+    """Train one run per learning rate (``make_run(lr)``) and choose the rate whose finished
+    run has the highest ``score`` (a validation metric; ties go to the smaller rate). Returns
+    the chosen rate (``None`` when no run finished) and every finished rate's score."""
+    check_rates(rates)
+    runs = {f"{lr:g}": make_run(lr) for lr in rates}
+    done = run_sweep(runs.values(), **sweep)
+    scores = {k: done.finals[r.key][score] for k, r in runs.items() if r.key in done.finals}
+    if not scores:
+        return None, scores
+    best = max(scores, key=lambda k: (scores[k], -float(k)))
+    return float(best), scores

@@ -1,0 +1,89 @@
+"""The architecture the layout promises: no import cycle between modules of ``structattn``, and
+the engine and the experiments made of short functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MAX_LINES = 60
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in (SRC / "structattn").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``structattn`` that ``name`` imports when it is first imported (the
+    top-level statements; imports inside functions run later and cannot form a cycle)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                found.add(sub if sub in modules else module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if not state.get(nxt):
+                found = visit(nxt, stack)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if not state.get(node):
+            found = visit(node, [])
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle_in_the_package():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert "structattn.engine.loop" in graph["structattn.engine.experiment"]  # it sees imports
+    assert _cycle(graph) is None
+
+
+def test_engine_and_experiments_are_made_of_short_functions():
+    long = []
+    for name, path in _modules().items():
+        if not name.startswith(("structattn.engine", "structattn.experiments")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long, long
