@@ -25,13 +25,14 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import tyro
 
 from structattn.data.tasks import TaskSpec
-from structattn.engine.config import find_config, load_config, preset_from_args, preset_names
+from structattn.engine.config import load_config, preset_names
 from structattn.errors import ConfigError, UserError
+from structattn.experiments.commands import PresetCommand
 from structattn.experiments.lm.config import LMConfig
 from structattn.experiments.lra.config import LRAConfig, load_lra
 from structattn.hkt.model import ModelConfig
@@ -319,7 +320,7 @@ class Generate:
 
 
 @dataclass
-class Train:
+class Train(PresetCommand):
     """Train one HKT or MHA model on a task and print its final.json: --config and --preset
     choose the defaults below, every other flag overrides them."""
 
@@ -337,20 +338,18 @@ class Train:
         default_factory=lambda: load_lra("listops-hkt", "quick")
     )
 
-    @classmethod
-    def defaults(cls, args: list[str]) -> Train:
-        config, preset = preset_from_args(args, "listops-hkt")
-        return cls(config, preset, load_lra(config, preset))
+    default_config: ClassVar[str] = "listops-hkt"
+    config_class: ClassVar[type] = LRAConfig
 
     def run(self) -> None:
         from structattn.experiments.lra import experiment
 
-        print(f"config: {find_config(self.config)} [{self.preset}]", file=sys.stderr)
+        self.announce()
         print(json.dumps(experiment.train(self.experiment), indent=2))
 
 
 @dataclass
-class Lm:
+class Lm(PresetCommand):
     """Train a byte-level causal language model (HKT, or MHA with --model.attention mha) on the
     text corpus: bits per byte on held-out text, and samples. --config and --preset choose the
     defaults below, every other flag overrides them."""
@@ -365,15 +364,13 @@ class Lm:
         default_factory=lambda: load_config(LMConfig, "lm", "quick")
     )
 
-    @classmethod
-    def defaults(cls, args: list[str]) -> Lm:
-        config, preset = preset_from_args(args, "lm")
-        return cls(config, preset, load_config(LMConfig, config, preset))
+    default_config: ClassVar[str] = "lm"
+    config_class: ClassVar[type] = LMConfig
 
     def run(self) -> None:
         from structattn.experiments.lm import train_lm
 
-        print(f"config: {find_config(self.config)} [{self.preset}]", file=sys.stderr)
+        self.announce()
         print(json.dumps(train_lm(self.experiment), indent=2))
 
 

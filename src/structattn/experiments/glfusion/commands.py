@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 import tyro
 
-from structattn.engine.config import load_preset, preset_from_args, preset_names
+from structattn.engine.config import load_preset, preset_names
 from structattn.errors import ConfigError
 
+from ..commands import PresetCommand
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
 
@@ -33,7 +34,7 @@ Variant = Literal[tuple(GLFUSION_ABLATIONS)]  # type: ignore[valid-type]
 
 
 @dataclass
-class Train:
+class Train(PresetCommand):
     """Train GL-Fusion on a text-attributed graph: --config and --preset choose the defaults
     below, every other flag overrides them; prints the results table."""
 
@@ -47,11 +48,8 @@ class Train:
         default_factory=lambda: load_glfusion("glfusion", "quick")
     )
 
-    @classmethod
-    def defaults(cls, args: list[str]) -> Train:
-        """The command with the preset that ``args`` choose as its defaults."""
-        config, preset = preset_from_args(args, "glfusion")
-        return cls(config, preset, load_glfusion(config, preset))
+    default_config: ClassVar[str] = "glfusion"
+    config_class: ClassVar[type] = GLFusionTrainConfig
 
     def run(self) -> None:
         from .report import results_table

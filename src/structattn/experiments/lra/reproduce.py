@@ -425,7 +425,7 @@ def _num(x: float | None) -> str:
 def _read_val_curve(run_dir: Path) -> tuple[list[int], list[float]]:
     import csv
 
-    path = run_dir / "metrics.csv"
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         return [], []
     with path.open() as f:
