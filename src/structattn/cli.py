@@ -22,6 +22,7 @@ traceback.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ import tyro
 from structattn.data.tasks import TaskSpec
 from structattn.engine.config import load_config, preset_names
 from structattn.errors import ConfigError, UserError
-from structattn.experiments.commands import PresetCommand
+from structattn.experiments.commands import PresetCommand, parse_command
 from structattn.experiments.lm.config import LMConfig
 from structattn.experiments.lra.config import LRAConfig, load_lra
 from structattn.hkt.model import ModelConfig
@@ -126,6 +127,8 @@ class Params:
     def run(self) -> None:
         from structattn.hkt.model import SequenceClassifier, count_parameters
 
+        if self.out is not None and self.out.is_dir():
+            raise ConfigError(f"--out {self.out} is a folder: give a file name (e.g. params.json)")
         model = self.model
         if self.task is not None:
             if self.task not in TASK_SHAPES:
@@ -301,8 +304,10 @@ class Generate:
 
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
         model = load_lm(self.run_dir)
         texts = generate_text(
             model,
@@ -419,12 +424,7 @@ def _command(argv: list[str]):
         raise ConfigError(f"unknown command {name!r}; choose from {list(SUMMARIES)}")
     cls = COMMANDS[name]
     default = cls.defaults(rest) if hasattr(cls, "defaults") else None
-    try:
-        return tyro.cli(cls, default=default, args=rest, prog=f"structattn {name}")
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as err:  # a flag value its dataclass rejects
-        raise ConfigError(str(err)) from None
+    return parse_command(cls, rest, prog=f"structattn {name}", default=default)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,12 +3,17 @@ experiment file and a preset choose the defaults, every other flag overrides the
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from typing import Any, ClassVar
 
-from structattn.engine.config import find_config, load_config, preset_from_args
+import tyro
 
-__all__ = ["PresetCommand"]
+from structattn.engine.config import find_config, load_config, preset_from_args
+from structattn.errors import ConfigError
+
+__all__ = ["PresetCommand", "parse_command"]
 
 
 class PresetCommand:
@@ -34,3 +39,35 @@ class PresetCommand:
     def announce(self) -> None:
         """Say which file and preset the run uses (stderr)."""
         print(f"config: {find_config(self.config)} [{self.preset}]", file=sys.stderr)
+
+
+def _box_text(text: str) -> str:
+    """The message inside tyro's error box, as one line."""
+    lines = []
+    for line in text.splitlines():
+        if line.strip().startswith("╭"):  # the box's title
+            continue
+        body = line.strip().strip("│╰╯─ ").strip()
+        if body and not body.startswith("For full helptext"):
+            lines.append(body)
+    return " ".join(" ".join(lines).split())
+
+
+def parse_command(cls, args: list[str], prog: str, default=None, **kwargs):
+    """``tyro.cli`` whose bad-input errors (an unknown flag, a value a dataclass rejects) are one
+    :class:`ConfigError` line instead of tyro's box; ``--help`` prints as tyro prints it."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            if default is not None:
+                kwargs["default"] = default
+            return tyro.cli(cls, args=args, prog=prog, **kwargs)
+    except SystemExit as stop:
+        if stop.code in (0, None):
+            sys.stderr.write(captured.getvalue())
+            raise
+        raise ConfigError(_box_text(captured.getvalue()) or f"{prog}: bad arguments") from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:  # a flag value its dataclass rejects
+        raise ConfigError(str(err)) from None

@@ -627,6 +627,12 @@ class GLFusionForCausalLM(nn.Module):
         if (path / "adapter").is_dir():
             from peft import PeftModel
 
+            if not (path / "adapter" / "adapter_model.safetensors").is_file():
+                raise ValueError(
+                    f"{path / 'adapter'} holds no adapter_model.safetensors: only safetensors "
+                    "adapters are loaded (a pickled .bin file can run code when read)"
+                )
+
             _fit_vocabulary(base_lm, config)  # the adapter was saved on the resized base
             base_lm = PeftModel.from_pretrained(base_lm, str(path / "adapter"), is_trainable=True)
         model = cls.from_base(base_lm, config)

@@ -50,6 +50,10 @@ def hkt_cost(
         raise ValueError(f"n_levels must be >= 1, got {n_levels}")
     if stride < 2:
         raise ValueError(f"stride must be >= 2, got {stride}")
+    if head_dim < 1:
+        raise ValueError(f"head_dim must be >= 1, got {head_dim}")
+    if seq_len is not None and seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     if seq_len is None:
         paper = sum(stride ** (-2 * l) for l in range(n_levels))
         mha = None

@@ -13,7 +13,7 @@ import tyro
 from structattn.engine.config import load_preset, preset_names
 from structattn.errors import ConfigError
 
-from ..commands import PresetCommand
+from ..commands import PresetCommand, parse_command
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
 
@@ -115,11 +115,6 @@ def main(argv: list[str]) -> None:
         Annotated[Predict, tyro.conf.subcommand("predict")],
         Annotated[Ablate, tyro.conf.subcommand("ablate")],
     ]
-    try:
-        command = tyro.cli(choices, args=argv, prog="structattn glfusion",
-                           description="GL-Fusion on a text-attributed graph.")  # fmt: skip
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as err:  # a flag value its dataclass rejects
-        raise ConfigError(str(err)) from None
+    command = parse_command(choices, argv, prog="structattn glfusion",
+                            description="GL-Fusion on a text-attributed graph.")  # fmt: skip
     command.run()

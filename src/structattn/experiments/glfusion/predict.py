@@ -69,9 +69,11 @@ def predict_nodes(
         raise ConfigError(f"node ids must be in 0..{graph.num_nodes - 1}, got {bad or node_ids}")
     base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
     enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
-    model = GLFusionForCausalLM.from_pretrained(
-        run_dir / NodeClassification.BEST_MODEL, base
-    ).eval()
+    try:
+        model = GLFusionForCausalLM.from_pretrained(run_dir / NodeClassification.BEST_MODEL, base)
+    except (ValueError, OSError) as err:  # a damaged or foreign best/ folder
+        raise RunError(f"{run_dir}: cannot load best/ ({err})") from None
+    model = model.eval()
     weight = _ensemble_weight(run_dir, cfg)
     examples = prompt_examples(graph, node_ids, tokenizer, model.config, cfg)
     cache = encoding_cache(cfg, enc_model, enc_tok)

@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from structattn.data.corpus import decode_ids, load_corpus
+from structattn.data.corpus import decode_ids, encode_text, load_corpus
 from structattn.engine import Experiment, FitResult
 from structattn.errors import RunError
 from structattn.hkt.model import CausalLM, count_parameters
+from structattn.utils.fingerprint import fingerprint
 
 from .config import LMConfig
 from .generate import HF_DIR, build_lm, generate_text
@@ -82,6 +83,11 @@ class ByteLM(Experiment):
         self.corpus = load_corpus(self.cfg.data)
         self.train_set = self.corpus.train
 
+    def data_identity(self) -> dict[str, Any]:
+        c = self.corpus
+        streams = [(w.stream, w.seq_len) for w in (c.train, c.val, c.test)]
+        return {"source": c.source, "sha256": fingerprint(*streams, c.test_docs)}
+
     def build_model(self) -> CausalLM:
         return build_lm(self.cfg, self.corpus.vocab_size)
 
@@ -127,9 +133,9 @@ class ByteLM(Experiment):
         keep = min(cfg.prompt_bytes, cfg.data.seq_len // 2)  # room left to generate
         prompts = [decode_ids(d[:keep].tolist()) for d in self.corpus.test_docs]
         prompts = [p for p in prompts if p][: cfg.samples]
-        texts = generate_text(
-            hf, prompts, cfg.sample_tokens, cfg.temperature, cfg.top_k, seed=cfg.seed
-        )
+        room = cfg.data.seq_len - max((len(encode_text(p)) for p in prompts), default=0)
+        n_new = min(cfg.sample_tokens, room)  # what fits after the longest prompt
+        texts = generate_text(hf, prompts, n_new, cfg.temperature, cfg.top_k, seed=cfg.seed)
         samples = [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]
         lines = [f"# Samples of {cfg.name} (seed {cfg.seed}), {self.corpus.source}", ""]
         lines += [

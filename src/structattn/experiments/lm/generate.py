@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -52,6 +53,13 @@ def generate_text(
     mask = torch.zeros_like(ids)
     for b, e in enumerate(encoded):
         ids[b, longest - len(e) :], mask[b, longest - len(e) :] = e, 1
+    if max_new_tokens > room:
+        warnings.warn(
+            f"max_new_tokens={max_new_tokens} does not fit: a {longest}-token prompt leaves "
+            f"{room} of max_len={lm.config.max_len}; generating at most {room} tokens",
+            UserWarning,
+            stacklevel=2,
+        )
     device = next(hf.parameters()).device
     torch.manual_seed(seed)
     kwargs = dict(do_sample=do_sample)
