@@ -44,6 +44,7 @@ __all__ = [
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "weights_metadata",
 ]
 
 
@@ -68,15 +69,20 @@ def _saved_weights(model: nn.Module, only_trainable: bool) -> dict[str, torch.Te
     return weights
 
 
-def atomic_save_weights(model: nn.Module, path: Path, only_trainable: bool = False) -> None:
+def atomic_save_weights(
+    model: nn.Module,
+    path: Path,
+    only_trainable: bool = False,
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Write ``model``'s weights (``only_trainable``: just those that require grad) to ``path``
-    (safetensors) through a temporary file + rename."""
+    (safetensors, with ``metadata`` in its header) through a temporary file + rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(_saved_weights(model, only_trainable), tmp)
+        save_file(_saved_weights(model, only_trainable), tmp, metadata=metadata)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
@@ -110,6 +116,14 @@ def load_weights(model: nn.Module, path: Path, partial: bool = False) -> None:
     """Load safetensors weights; only tied duplicates may be absent from the file (``partial``:
     any may be, as in an ``only_trainable`` file); unknown names always fail."""
     _apply(model, load_file(str(path)), Path(path), partial)
+
+
+def weights_metadata(path: Path) -> dict[str, str]:
+    """The metadata in a safetensors file's header (empty when it has none)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
 
 
 def rng_state() -> dict[str, Any]:

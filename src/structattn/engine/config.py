@@ -60,6 +60,7 @@ CONFIG_DIR = Path(str(resources.files("structattn") / "configs"))
 RESUMABLE_CHANGES = frozenset(
     {
         "resume",
+        "overwrite",
         "run_dir",
         "data.data_dir",
         "train.max_steps",
@@ -155,6 +156,8 @@ class RunConfig:
     seed: int = 0  # seeds model init, data order and dropout
     run_dir: Path | None = None  # output folder (default runs/<name>/seed<seed>)
     resume: bool = False  # continue from the run directory's latest checkpoint
+    # a fresh run in a folder that holds a run: delete what that run wrote first
+    overwrite: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)  # AdamW + schedule
     train: TrainConfig = field(default_factory=TrainConfig)  # steps, batch, eval, stop_at
 

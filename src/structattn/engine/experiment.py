@@ -18,6 +18,8 @@ and GL-Fusion node classification (:mod:`structattn.experiments.glfusion`) are t
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,6 +71,12 @@ class Experiment:
         ``final.json``. Other files go through ``self.engine.dir``."""
         raise NotImplementedError
 
+    def data_identity(self) -> dict[str, Any] | None:
+        """``{"source": ..., "sha256": ...}`` of the data built (a content hash, see
+        :func:`structattn.utils.fingerprint.fingerprint`): recorded by a fresh run, and
+        ``--resume`` refuses other data. ``None``: not checked."""
+        return None
+
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]] | None:
         """AdamW groups; ``None``: the engine's one decay rule."""
         return None
@@ -88,14 +96,35 @@ class Experiment:
         """Train, then report on the best weights; returns the results (also in
         ``final.json``), or ``{"paused_at": step, ...}`` when ``train.stop_at`` paused it."""
         self.engine = engine = self.make_engine()
-        self.build_data()
+        with engine.accelerator.main_process_first():  # data prepared once, then read by all
+            self.build_data()
+        identity = self.data_identity()
+        if identity is not None:
+            engine.check_data(identity)
         model = self.build_model()
         accuracy = self.accuracy if type(self).accuracy is not Experiment.accuracy else None
         fit = engine.fit(model, self.train_set, self.collate, self.validate,
                          groups=self.param_groups(model), accuracy=accuracy)  # fmt: skip
         if fit.paused:
             return {"name": self.cfg.name, "paused_at": fit.step, "run_dir": str(engine.run_dir)}
-        engine.load_best(fit.model)
+        fit = _with_best_record(fit, engine.load_best(fit.model), engine)
         final = json_safe(self.report(fit.model, fit))
         engine.write_json(engine.dir.FINAL, final)
         return final
+
+
+def _with_best_record(fit: FitResult, record: dict[str, Any] | None, engine: Engine) -> FitResult:
+    """``fit`` whose ``best`` describes the weights the model now holds: the record stored in
+    ``best.safetensors``, or, with no such file, the last step's weights and evaluation."""
+    if record:
+        return dataclasses.replace(fit, best=record)
+    if record is None:
+        last = fit.history[-1][engine.select] if fit.history else float("nan")
+        warnings.warn(
+            f"{engine.dir.best} does not exist (no evaluation improved on the start): the "
+            f"report is of the last step's weights (step {fit.step})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return dataclasses.replace(fit, best={"value": last, "step": fit.step})
+    return fit  # a file from before the record was kept: the loop's own record

@@ -56,6 +56,7 @@ from .checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    weights_metadata,
 )
 from .config import RESUMABLE_CHANGES, OptimConfig, TrainConfig, config_to_dict
 from .metrics import MetricsLog
@@ -124,6 +125,7 @@ class Engine:
         only_trainable: bool = False,
         select: str = "acc",
         resumable: frozenset[str] = RESUMABLE_CHANGES,
+        overwrite: bool = False,
     ):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
@@ -140,8 +142,13 @@ class Engine:
             mixed_precision="bf16" if train.bf16 else "no", cpu=multi_cpu
         )
         self.is_main = self.accelerator.is_main_process
+        if overwrite and resume:
+            raise RunError("--overwrite starts the run afresh: it cannot be combined with --resume")
         if self.is_main:
             self.dir.lock()
+            if overwrite:
+                self.dir.clear()
+        self.accelerator.wait_for_everyone()
         self.dir.check_start(resume)
         if resume:
             self.dir.check_resume_config(config, resumable)
@@ -155,6 +162,7 @@ class Engine:
         """The engine of a :class:`~structattn.engine.config.RunConfig` (its folder, sections,
         seed, resume flag and resumable keys; written to ``config.yaml`` as a plain dict)."""
         kwargs.setdefault("resumable", type(cfg).resumable)
+        kwargs.setdefault("overwrite", getattr(cfg, "overwrite", False))
         return cls(
             run_dir=cfg.resolved_run_dir(),
             optim=cfg.optim,
@@ -187,19 +195,33 @@ class Engine:
         if self.is_main:
             self.dir.write_json(name, payload)
 
-    def save_best(self, model: nn.Module) -> None:
+    def check_data(self, identity: dict[str, Any]) -> None:
+        """Record the data's identity (fresh run) or refuse other data (``resume``)."""
         if self.is_main:
-            atomic_save_weights(model, self.dir.best, self.only_trainable)
+            self.dir.check_data(identity, self.resume)
+        self.accelerator.wait_for_everyone()
 
-    def load_best(self, model: nn.Module) -> bool:
-        """Load ``best.safetensors`` into ``model``; ``False`` when there is none."""
+    def save_best(self, model: nn.Module, best: dict[str, Any]) -> None:
+        """``best.safetensors`` with its step and metric value in the file's header: the
+        weights and the record of them are one file."""
+        if self.is_main:
+            record = {"step": str(best["step"]), "value": repr(float(best["value"])),
+                      "select": self.select}  # fmt: skip
+            atomic_save_weights(model, self.dir.best, self.only_trainable, metadata=record)
+
+    def load_best(self, model: nn.Module) -> dict[str, Any] | None:
+        """Load ``best.safetensors`` into ``model``; its record (``step``, ``value``; empty
+        for files written before the record was kept), or ``None`` when there is no file."""
         if not self.dir.best.is_file():
-            return False
+            return None
         try:
             load_weights(model, self.dir.best, partial=self.only_trainable)
-        except ValueError as err:
-            raise RunError(str(err)) from None
-        return True
+            meta = weights_metadata(self.dir.best)
+        except (ValueError, OSError) as err:
+            raise RunError(f"{self.dir.best}: {err}") from None
+        if "step" not in meta:
+            return {}
+        return {"step": int(meta["step"]), "value": float(meta["value"])}
 
     # ------------------------------------------------------------------ the loop
 
@@ -288,6 +310,14 @@ class Engine:
         scheduler.load_state_dict(saved["scheduler"])
         state.load_state_dict(saved)
         self.say(f"resumed from {path} (step {state.step})")
+        if state.best["step"] and not self.dir.best.is_file():
+            warnings.warn(
+                f"{self.dir.best} is missing: the best weights (step {state.best['step']}) are "
+                "gone, so the best is chosen again from the evaluations after this resume",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            state.best = TrainState().best
         return saved["rng"]
 
     def _train_step(self, train_set, collate, indices, window: Window) -> None:
@@ -369,7 +399,7 @@ class Engine:
         value = metrics[self.select]
         bar.set_postfix({f"val_{self.select}": f"{value:.3f}"})
         if state.improve(value):
-            self.save_best(self._raw)
+            self.save_best(self._raw, state.best)
         self._checkpoint()
         return True
 

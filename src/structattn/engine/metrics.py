@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import warnings
 from pathlib import Path
 
 from .checkpoint import atomic_write_text
@@ -14,9 +16,43 @@ __all__ = ["METRIC_FIELDS", "MetricsLog"]
 METRIC_FIELDS = ["step", "split", "loss", "acc", "lr", "step_ms"]
 
 
+def _parse(text: str) -> tuple[list[list[str]], bool] | None:
+    """The data rows of a ``metrics.csv`` and whether its last line was cut by a kill; ``None``
+    when the file is not what this log writes (another header, a malformed row before the
+    last, a step that is not a number)."""
+    lines = text.splitlines(keepends=True)
+    if not lines or next(csv.reader([lines[0]]), None) != METRIC_FIELDS:
+        return None
+    rows, cut = [], False
+    for i, line in enumerate(lines[1:], 1):
+        row = next(csv.reader([line]), [])
+        ok = len(row) == len(METRIC_FIELDS) and row[0].isdigit() and line.endswith("\n")
+        if not ok:
+            if i == len(lines) - 1:  # only the last line may be half-written
+                cut = True
+                break
+            return None
+        rows.append(row)
+    return rows, cut
+
+
+def _set_aside(path: Path, step: int) -> Path:
+    target = path.with_name(f"{path.name}.before-resume-{step}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.before-resume-{step}.{n}")
+    os.replace(path, target)
+    return target
+
+
 class MetricsLog:
-    """``metrics.csv`` + TensorBoard. On resume, rows past the resumed step are dropped by an
-    atomic rewrite (only after the checkpoint has loaded)."""
+    """``metrics.csv`` + TensorBoard. On resume (only after the checkpoint has loaded) the file
+    is appended to; rows logged after the resumed checkpoint (the steps about to be trained
+    again) and a half-written last line are dropped by an atomic rewrite of the rows that
+    parsed. A file that does not parse as this log (edited by hand, another header) is never
+    rewritten: it is set aside as ``metrics.csv.before-resume-STEP`` with a warning, and the
+    log starts afresh beside it."""
 
     def __init__(self, run_dir: Path | RunDir, resume_step: int, enabled: bool):
         self.enabled = enabled
@@ -25,25 +61,42 @@ class MetricsLog:
         self.tb = None
         if not enabled:
             return
-        rows = []
         if resume_step and self.path.is_file():
-            with self.path.open(newline="") as f:
-                for r in csv.DictReader(f):
-                    try:
-                        if int(r["step"]) <= resume_step:
-                            rows.append({k: r.get(k, "") for k in METRIC_FIELDS})
-                    except (TypeError, ValueError, KeyError):
-                        continue  # a row cut by a kill
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=METRIC_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(self.path, buf.getvalue())
+            self._resume(resume_step)
+        else:
+            self._write_rows([])
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(
             log_dir=str(run_dir.file(RunDir.TENSORBOARD)), purge_step=resume_step or None
         )
+
+    def _write_rows(self, rows: list[list[str]]) -> None:
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(METRIC_FIELDS)
+        writer.writerows(rows)
+        atomic_write_text(self.path, buf.getvalue())
+
+    def _resume(self, step: int) -> None:
+        try:
+            parsed = _parse(self.path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            parsed = None
+        if parsed is None:
+            aside = _set_aside(self.path, step)
+            warnings.warn(
+                f"{self.path} does not read as this run's log (edited or damaged): kept as "
+                f"{aside.name}, logging continues in a new {self.path.name}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._write_rows([])
+            return
+        rows, cut = parsed
+        kept = [r for r in rows if int(r[0]) <= step]
+        if cut or len(kept) < len(rows):  # superseded rows or a cut line: drop just those
+            self._write_rows(kept)
 
     def log(self, step: int, split: str, **values: float) -> None:
         if not self.enabled:

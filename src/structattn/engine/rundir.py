@@ -9,6 +9,7 @@
       checkpoints/         step-NNNNNNNN/ (weights + state.pt) and a `latest` pointer
       best.safetensors     the weights with the best validation metric
       final.json           the run's results: its presence means the run is finished
+      data.json            the data's identity (source + content hash), checked on --resume
       .lock                held by the process writing the folder (its PID inside)
 
 Experiments add their own files beside these (``samples.md``, ``hf/``, ``best/``,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +67,14 @@ class RunDir:
     CHECKPOINTS = "checkpoints"
     BEST = "best.safetensors"
     FINAL = "final.json"
+    DATA = "data.json"
     LOCK = ".lock"
     #: Files whose presence means the folder holds results a fresh run must not overwrite
     #: (``results.json``: GL-Fusion runs of earlier versions; ``best``: a saved model folder).
     RESULT_FILES = (FINAL, "results.json", BEST, "best")
+    #: What ``--overwrite`` removes: the files above and those the shipped experiments add.
+    RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, *RESULT_FILES,
+                 "hf", "samples.md", "results.md", "diagnostics")  # fmt: skip
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -198,6 +204,15 @@ class RunDir:
                 f"{self.path} is in use by another process (PID {holder}); one writer per "
                 "run folder: wait for it, or choose another run_dir"
             ) from None
+        try:  # a folder whose lock file exists may still refuse new files (read-only)
+            probe, probe_path = tempfile.mkstemp(
+                dir=self.path, prefix=".write-probe.", suffix=".tmp"
+            )
+            os.close(probe)
+            os.unlink(probe_path)
+        except OSError as err:
+            os.close(fd)
+            raise RunError(f"run_dir {self.path} cannot be written ({err.strerror})") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         _HELD_LOCKS[key] = fd
@@ -209,13 +224,13 @@ class RunDir:
         if not resume and has_checkpoints:
             raise RunError(
                 f"{self.path} already holds checkpoints: pass --resume to continue, "
-                "or choose another run_dir"
+                "--overwrite to start afresh, or choose another run_dir"
             )
         results = [n for n in self.RESULT_FILES if self.file(n).exists()]
         if not resume and results:
             raise RunError(
                 f"{self.path} already holds results ({', '.join(results)}) and is never "
-                "overwritten by a fresh run: choose another run_dir, or remove the folder"
+                "overwritten by a fresh run: choose another run_dir, or pass --overwrite"
             )
         if resume and not has_checkpoints:
             raise RunError(f"--resume: {self.checkpoints} holds no checkpoint to resume from")
@@ -235,6 +250,51 @@ class RunDir:
                 f"only {', '.join(sorted(resumable))} may change on resume "
                 "(start a new run_dir to change the rest)"
             )
+
+    def clear(self) -> list[str]:
+        """Remove what a run wrote (:attr:`RUN_FILES`) for ``--overwrite``; anything else in
+        the folder is kept (and named in a warning). Returns the names removed."""
+        import shutil
+        import warnings
+
+        if not self.path.is_dir():
+            return []
+        removed = []
+        for name in self.RUN_FILES:
+            target = self.file(name)
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            else:
+                continue
+            removed.append(name)
+        others = sorted(p.name for p in self.path.iterdir() if p.name != self.LOCK)
+        if others:
+            warnings.warn(f"--overwrite kept what no run writes in {self.path}: {others}",
+                          UserWarning, stacklevel=2)  # fmt: skip
+        return removed
+
+    def check_data(self, identity: dict[str, Any], resume: bool) -> bool:
+        """The data of this run: recorded in ``data.json`` by a fresh run (returns True when
+        written); on resume compared with the record, a different content hash a RunError
+        (a run that predates the record gets one)."""
+        path = self.file(self.DATA)
+        if resume and path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError) as err:
+                raise RunError(f"--resume: {path} is damaged ({err})") from None
+            if saved.get("sha256") != identity.get("sha256"):
+                raise RunError(
+                    f"--resume: the data differs from the run's ({path}): it started on "
+                    f"{saved.get('source')} (sha256 {str(saved.get('sha256'))[:12]}), this is "
+                    f"{identity.get('source')} (sha256 {str(identity.get('sha256'))[:12]}); "
+                    "resume with the data it started on, or start a new run_dir"
+                )
+            return False
+        self.write_json(self.DATA, identity)
+        return True
 
     def clean(self) -> None:
         """Create the folder and remove what interrupted atomic writes left in it."""

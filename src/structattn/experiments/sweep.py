@@ -12,10 +12,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from structattn.engine import RunDir
+from structattn.engine import RunDir, config_diff
 from structattn.errors import ConfigError
 
-__all__ = ["SweepResult", "SweepRun", "run_sweep", "tune_lr"]
+__all__ = ["REUSE_IGNORES", "SweepResult", "SweepRun", "run_sweep", "tune_lr"]
+
+#: Config keys that may differ between a finished run and the one a sweep asks for.
+REUSE_IGNORES = frozenset(
+    {"resume", "overwrite", "run_dir", "data.data_dir", "data_dir", "train.stop_at",
+     "train.log_every", "train.keep_checkpoints"}
+)  # fmt: skip
+
+
+def check_reusable(run: SweepRun, rd: RunDir) -> None:
+    """A finished run is the one asked for, or a ConfigError names what differs."""
+    if run.config is None:
+        return
+    changed = [k for k in config_diff(rd.read_config(), run.config()) if k not in REUSE_IGNORES]
+    if changed:
+        shown = ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
+        raise ConfigError(
+            f"{rd.path} holds a finished run of another configuration ({shown} differ): it is "
+            "not reused; choose another output folder, or remove that run to retrain it"
+        )
 
 
 @dataclass
@@ -27,6 +46,9 @@ class SweepRun:
     run_dir: Path
     label: str
     train: Callable[[bool], dict[str, Any]]
+    #: The plain config this run resolves to (``config_to_dict``): a finished run is reused
+    #: only when its ``config.yaml`` equals it (up to :data:`REUSE_IGNORES`).
+    config: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -51,6 +73,7 @@ def run_sweep(
     for run in runs:
         rd = RunDir(run.run_dir)
         if rd.is_finished():
+            check_reusable(run, rd)
             say(f"{run.label}: done, skipped")
             out.finals[run.key] = rd.read_final()
             continue

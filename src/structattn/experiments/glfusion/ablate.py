@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from structattn.engine import json_safe
+from structattn.engine import config_to_dict, json_safe
 from structattn.errors import ConfigError, RunError
 
 from ..stats import paired_difference
@@ -35,17 +35,21 @@ def _sweep_run(root: Path, variant: str, seed: int, config, preset, overrides, p
     """One variant and seed as a sweep run (trained, or resumed, when it is missing)."""
     run_dir = root / variant / f"seed{seed}"
 
-    def train_it(resume: bool) -> dict:
+    def resolved(resume: bool = False):
         changes = {**overrides, **GLFUSION_ABLATIONS[variant], "seed": seed,
                    "run_dir": run_dir, "resume": resume}  # fmt: skip
-        cfg = load_glfusion(config, preset, **changes)
+        return load_glfusion(config, preset, **changes)
+
+    def train_it(resume: bool) -> dict:
+        cfg = resolved(resume)
         llm, encoder = models() if models is not None else (None, None)
         result = train_glfusion(cfg, progress=progress, llm=llm, encoder=encoder)
         if "paused_at" in result:
             raise RunError(f"{run_dir} paused at step {result['paused_at']}; run again")
         return result
 
-    return SweepRun((variant, seed), run_dir, f"[glfusion ablate] {variant} seed {seed}", train_it)
+    label = f"[glfusion ablate] {variant} seed {seed}"
+    return SweepRun((variant, seed), run_dir, label, train_it, lambda: config_to_dict(resolved()))
 
 
 def _collect_runs(root: Path, variants, seeds, train_missing: bool, **train) -> dict:

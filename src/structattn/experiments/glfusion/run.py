@@ -14,6 +14,7 @@ from structattn.glfusion.configuration import GLFusionConfig
 from structattn.glfusion.loading import EncodingCache
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
 from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids
+from structattn.utils.fingerprint import fingerprint
 
 from .baselines import run_baselines
 from .config import (
@@ -93,6 +94,12 @@ class NodeClassification(Experiment):
         self.cache.get(texts, progress=self.progress)  # encode everything missing, once
         self.label_choices = label_token_ids(self.graph, tokenizer)  # ids after " Answer:"
         self.train_set = self.examples["train"]
+
+    def data_identity(self) -> dict[str, Any]:
+        """The graph (texts, labels, edges, splits) and the targets sampled from it."""
+        g = self.graph
+        parts = (g.node_texts, g.labels, g.label_names, g.edge_index, g.splits, self.targets)
+        return {"source": g.source, "sha256": fingerprint(*parts)}
 
     def build_model(self) -> GLFusionForCausalLM:
         return self.model

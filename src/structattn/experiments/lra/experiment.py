@@ -25,6 +25,7 @@ from structattn.data import SequenceDataset, TaskData, load_task, pad_collate
 from structattn.engine import Experiment, FitResult, RunDir, build_dataclass, json_safe
 from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import SequenceClassifier, count_parameters
+from structattn.utils.fingerprint import fingerprint
 
 from .config import LRAConfig
 
@@ -113,6 +114,10 @@ class SequenceClassification(Experiment):
 
     def build_model(self) -> SequenceClassifier:
         return build_model(self.cfg, self.data)
+
+    def data_identity(self) -> dict[str, Any]:
+        splits = [(d.sequences, d.labels) for d in (self.data.train, self.data.val, self.data.test)]
+        return {"source": self.data.source, "sha256": fingerprint(*splits)}
 
     def collate(self, items) -> dict[str, torch.Tensor]:
         return _model_inputs(items)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from structattn.data import TASKS, load_task
-from structattn.engine import RunDir, json_safe
+from structattn.engine import RunDir, config_to_dict, json_safe
 from structattn.engine.config import merge_overrides
 from structattn.errors import ConfigError
 
@@ -142,7 +142,10 @@ class _Jobs:
             cfg, data = self.config(task, variant, seed, run_dir, lr, resume)
             return train(cfg, data=data, progress=self.progress)
 
-        return SweepRun(key, run_dir, label, train_it)
+        def config() -> dict:
+            return config_to_dict(self.config(task, variant, seed, run_dir, lr)[0])
+
+        return SweepRun(key, run_dir, label, train_it, config)
 
 
 def _check_args(tasks, seeds, variants, lr_sweep) -> None:

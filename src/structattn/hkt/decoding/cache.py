@@ -45,10 +45,12 @@ __all__ = [
 
 
 def grow(buf: Tensor, needed: int, dim: int = 2) -> Tensor:
-    """``buf`` with at least ``needed`` rows along ``dim`` (capacity doubled; new rows zero)."""
+    """``buf`` with at least ``needed`` rows along ``dim`` (capacity doubled; new rows zero),
+    to be written in place next. Under autograd a buffer that is part of the graph is copied
+    first, so that the steps before keep the values their backward reads."""
     have = buf.shape[dim]
     if needed <= have:
-        return buf
+        return buf.clone() if torch.is_grad_enabled() and buf.requires_grad else buf
     new = max(needed, 2 * have, 16)
     shape = list(buf.shape)
     shape[dim] = new - have
