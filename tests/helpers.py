@@ -196,3 +196,32 @@ def open_gates(model, value=0.7):
         for name, p in model.named_parameters():
             if name.endswith("gate"):
                 p.fill_(value)
+
+
+# ------------------------------------------------------------------------------ LRA configs
+
+#: the one-layer width-16 model every tiny LRA run trains
+TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
+
+
+def tiny_lra(task, attention, data_dir, run_dir, **train):
+    """The quick ``{task}-{attention}`` preset shrunk to :data:`TINY_MODEL` and short sequences
+    on the data in ``data_dir`` (see the ``lra_data_dir`` fixture), with ``train`` over the
+    preset's train section."""
+    from structattn.experiments.lra import load_lra
+
+    data = {"data_dir": str(data_dir)}
+    if task == "listops":
+        data.update(seq_len=32, listops_min_length=4, listops_sizes=[64, 16, 16])
+    if task == "image":
+        data.update(image_pool=4)
+    if task == "text":
+        data.update(seq_len=40)
+    return load_lra(
+        f"{task}-{attention}",
+        "quick",
+        run_dir=str(run_dir),
+        data=data,
+        model=TINY_MODEL,
+        train=train,
+    )
