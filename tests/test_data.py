@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import pickle
 import struct
 
 import numpy as np
 import pytest
 import torch
+from helpers import write_idx
 
 from structattn.data import TaskSpec, load_task, pad_collate, split_indices
 from structattn.data.images import images_to_sequences, read_cifar10, read_idx
@@ -130,18 +130,10 @@ def test_generator_rejects_impossible_bounds():
 # --------------------------------------------------------------------------------- images
 
 
-def _write_idx(path, array: np.ndarray, gz=True):
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
-        f">{array.ndim}I", *array.shape
-    )
-    data = header + array.astype(np.uint8).tobytes()
-    (gzip.open if gz else open)(path, "wb").write(data)
-
-
 def test_idx_reader(tmp_path):
     images = np.random.default_rng(0).integers(0, 256, (5, 4, 3), dtype=np.uint8)
-    _write_idx(tmp_path / "x-idx3-ubyte.gz", images)
-    _write_idx(tmp_path / "y-idx1-ubyte", np.arange(5, dtype=np.uint8), gz=False)
+    write_idx(tmp_path / "x-idx3-ubyte.gz", images)
+    write_idx(tmp_path / "y-idx1-ubyte", np.arange(5, dtype=np.uint8), gz=False)
     np.testing.assert_array_equal(read_idx(tmp_path / "x-idx3-ubyte.gz"), images)
     np.testing.assert_array_equal(read_idx(tmp_path / "y-idx1-ubyte"), np.arange(5))
 
@@ -196,8 +188,8 @@ def test_image_task_prefers_cifar_and_marks_stand_in(tmp_path):
     fm.mkdir()
     rng = np.random.default_rng(1)
     for prefix, n in (("train", 30), ("t10k", 10)):
-        _write_idx(fm / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
-        _write_idx(fm / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n))
+        write_idx(fm / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(fm / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n))
     stand_in = load_task(task="image", data_dir=tmp_path, seed=0)
     assert stand_in.stand_in and "stand-in" in stand_in.source and stand_in.seq_len == 784
     assert (len(stand_in.train), len(stand_in.val), len(stand_in.test)) == (27, 3, 10)

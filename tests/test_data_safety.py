@@ -16,6 +16,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from helpers import write_idx
 
 from structattn.data import TaskSpec, load_task
 from structattn.data.graphs import TextAttributedGraph
@@ -426,16 +427,14 @@ def test_task_spec_min_length_only_binds_generated_listops():
 
 
 def test_data_summary_with_a_pool_larger_than_the_image(tmp_path):
-    from test_data import _write_idx
-
     from structattn.cli import main
 
     fm = tmp_path / "fashion-mnist"
     fm.mkdir()
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 10), ("t10k", 4)):
-        _write_idx(fm / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
-        _write_idx(fm / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n))
+        write_idx(fm / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(fm / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n))
     argv = ["data", "summary", "--task", "image", "--data-dir", str(tmp_path)]
     with pytest.raises(SystemExit) as err:
         main([*argv, "--image-pool", "100"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_glfusion_models, write_wordnet
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -150,12 +151,9 @@ def test_two_processes_stopped_by_sigterm_resume(tmp_path):
 
 
 def _glfusion_assets(tmp_path: Path) -> tuple[Path, Path, Path]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_glfusion_train import _tiny_models, _write_wordnet
-
     data = tmp_path / "data"
-    _write_wordnet(data / "wordnet" / "data.noun")
-    (llm, tok), (enc, enc_tok) = _tiny_models(tmp_path)
+    write_wordnet(data / "wordnet" / "data.noun")
+    (llm, tok), (enc, enc_tok) = tiny_glfusion_models(tmp_path)
     llm_dir, enc_dir = tmp_path / "llm", tmp_path / "encoder"
     llm.save_pretrained(llm_dir)
     tok.save_pretrained(llm_dir)

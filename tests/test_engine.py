@@ -4,6 +4,7 @@ losses, empty splits, device placement, litter, config typing."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from helpers import TINY_MODEL, tiny_lra
 from safetensors.torch import load_file, save_file
 
 from structattn.engine import Engine, NonFiniteLossError, OptimConfig, TrainConfig, param_groups
@@ -22,28 +24,8 @@ from structattn.errors import ConfigError, RunError
 from structattn.experiments.lra import LRAConfig, load_lra, train
 from structattn.hkt import CausalLM, ModelConfig, SequenceClassifier
 
-TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data")  # ListOps is generated into it
-
-
-def tiny(data_dir, run_dir, attention="hkt", **train):
-    return load_lra(
-        f"listops-{attention}",
-        "quick",
-        run_dir=str(run_dir),
-        data={
-            "data_dir": str(data_dir),
-            "seq_len": 32,
-            "listops_min_length": 4,
-            "listops_sizes": [64, 16, 16],
-        },
-        model=TINY_MODEL,
-        train={"max_steps": 8, "batch_size": 8, "eval_every": 2, "log_every": 1, **train},
-    )
+#: every test trains a tiny ListOps run with these settings unless it says otherwise
+tiny = functools.partial(tiny_lra, "listops", max_steps=8, batch_size=8, eval_every=2, log_every=1)
 
 
 def weights(run_dir, step):
@@ -131,14 +113,14 @@ def _signal_at(monkeypatch, where: str, call: int, sig: int):
     ],
 )
 def test_signal_checkpoints_a_consistent_step_and_resumes_exactly(
-    where, call, sig, data_dir, tmp_path, monkeypatch
+    where, call, sig, lra_data_dir, tmp_path, monkeypatch
 ):
-    straight = tiny(data_dir, tmp_path / "a")
+    straight = tiny("hkt", lra_data_dir, tmp_path / "a")
     train(straight, progress=False)
     with monkeypatch.context() as m:
         _signal_at(m, where, call, sig)
         with pytest.raises(SystemExit) as exc:
-            train(tiny(data_dir, tmp_path / "b"), progress=False)
+            train(tiny("hkt", lra_data_dir, tmp_path / "b"), progress=False)
     assert exc.value.code == 128 + sig
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
     stopped = int((tmp_path / "b" / "checkpoints" / "latest").read_text().split("-")[1])
@@ -149,7 +131,7 @@ def test_signal_checkpoints_a_consistent_step_and_resumes_exactly(
         tmp_path / "b" / "checkpoints" / f"step-{stopped:08d}" / "state.pt", weights_only=False
     )
     assert state["scheduler"]["last_epoch"] == stopped  # N updates in the checkpoint labelled N
-    resumed = tiny(data_dir, tmp_path / "b")
+    resumed = tiny("hkt", lra_data_dir, tmp_path / "b")
     resumed.resume = True
     final = train(resumed, progress=False)
     assert final["steps"] == 8
@@ -161,8 +143,8 @@ def test_signal_checkpoints_a_consistent_step_and_resumes_exactly(
 # ---------------------------------------------------------------------- damaged checkpoints
 
 
-def _three_checkpoints(data_dir, tmp_path):
-    cfg = tiny(data_dir, tmp_path / "r", max_steps=10, stop_at=8, keep_checkpoints=3)
+def _three_checkpoints(lra_data_dir, tmp_path):
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=10, stop_at=8, keep_checkpoints=3)
     assert train(cfg, progress=False)["paused_at"] == 8
     ckpts = tmp_path / "r" / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("step-*")) == [
@@ -173,8 +155,10 @@ def _three_checkpoints(data_dir, tmp_path):
     return ckpts
 
 
-def _resume(data_dir, tmp_path, **train_overrides):
-    cfg = tiny(data_dir, tmp_path / "r", max_steps=10, keep_checkpoints=3, **train_overrides)
+def _resume(lra_data_dir, tmp_path, **train_overrides):
+    cfg = tiny(
+        "hkt", lra_data_dir, tmp_path / "r", max_steps=10, keep_checkpoints=3, **train_overrides
+    )
     cfg.resume = True
     return train(cfg, progress=False)
 
@@ -195,10 +179,10 @@ def _nan_weights(path: Path):
     "damage",
     ["truncated_weights", "truncated_state", "missing_state", "nan_weights", "bad_pointer"],
 )
-def test_damaged_newest_checkpoint_falls_back_to_the_previous(damage, data_dir, tmp_path):
-    reference = tiny(data_dir, tmp_path / "straight", max_steps=10)
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(damage, lra_data_dir, tmp_path):
+    reference = tiny("hkt", lra_data_dir, tmp_path / "straight", max_steps=10)
     train(reference, progress=False)
-    ckpts = _three_checkpoints(data_dir, tmp_path)
+    ckpts = _three_checkpoints(lra_data_dir, tmp_path)
     newest = ckpts / "step-00000008"
     if damage == "truncated_weights":
         _truncate(newest / "model.safetensors")
@@ -212,10 +196,10 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(damage, data_dir, 
         (ckpts / "latest").write_bytes(b"\x00garbage")
     rows_before = (tmp_path / "r" / "metrics.csv").read_text()
     if damage == "bad_pointer":  # the newest checkpoint itself is fine: resume from it
-        final = _resume(data_dir, tmp_path)
+        final = _resume(lra_data_dir, tmp_path)
     else:
         with pytest.warns(RuntimeWarning, match=f"checkpoint {newest} is damaged"):
-            final = _resume(data_dir, tmp_path)
+            final = _resume(lra_data_dir, tmp_path)
         assert (ckpts / "damaged-step-00000008").is_dir()  # kept for inspection
     assert final["steps"] == 10
     # Steps 7..10 (or 9..10) were replayed from a valid state: the same as a straight run.
@@ -225,35 +209,35 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(damage, data_dir, 
     assert metrics_steps(tmp_path / "r") == metrics_steps(tmp_path / "straight")
 
 
-def test_all_checkpoints_damaged_is_an_error_that_loses_nothing(data_dir, tmp_path):
-    ckpts = _three_checkpoints(data_dir, tmp_path)
+def test_all_checkpoints_damaged_is_an_error_that_loses_nothing(lra_data_dir, tmp_path):
+    ckpts = _three_checkpoints(lra_data_dir, tmp_path)
     for step in (4, 6, 8):
         _truncate(ckpts / f"step-{step:08d}" / "model.safetensors")
     metrics = (tmp_path / "r" / "metrics.csv").read_text()
     config = (tmp_path / "r" / "config.yaml").read_text()
     with pytest.warns(RuntimeWarning), pytest.raises(RunError, match="no usable checkpoint"):
-        _resume(data_dir, tmp_path)
+        _resume(lra_data_dir, tmp_path)
     assert (tmp_path / "r" / "metrics.csv").read_text() == metrics  # not truncated
     assert (tmp_path / "r" / "config.yaml").read_text() == config
     assert len(list(ckpts.glob("damaged-step-*"))) == 3
 
 
-def test_resume_without_checkpoints_is_an_error(data_dir, tmp_path):
-    cfg = tiny(data_dir, tmp_path / "empty")
+def test_resume_without_checkpoints_is_an_error(lra_data_dir, tmp_path):
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "empty")
     cfg.resume = True
     with pytest.raises(RunError, match="no checkpoint to resume from"):
         train(cfg, progress=False)
 
 
-def test_interrupted_write_litter_is_removed(data_dir, tmp_path):
-    cfg = tiny(data_dir, tmp_path / "r", max_steps=4, stop_at=2)
+def test_interrupted_write_litter_is_removed(lra_data_dir, tmp_path):
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=4, stop_at=2)
     train(cfg, progress=False)
     ckpts = tmp_path / "r" / "checkpoints"
     (ckpts / ".step-00000004.abc").mkdir()
     (ckpts / ".step-00000004.abc" / "model.safetensors").write_bytes(b"half")
     (ckpts / ".latest.xyz").write_text("step-00000004")
     (tmp_path / "r" / ".best.safetensors.123.tmp").write_bytes(b"half")
-    resumed = tiny(data_dir, tmp_path / "r", max_steps=4)
+    resumed = tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=4)
     resumed.resume = True
     train(resumed, progress=False)
     leftovers = [p.name for p in (tmp_path / "r").rglob(".*") if p.name.endswith((".tmp", ".abc"))]
@@ -272,10 +256,10 @@ def test_interrupted_write_litter_is_removed(data_dir, tmp_path):
         ({"model": {"hkt": {"n_levels": 2}}}, "model.hkt.n_levels"),
     ],
 )
-def test_resume_refuses_a_changed_config_naming_the_keys(change, key, data_dir, tmp_path):
-    train(tiny(data_dir, tmp_path / "r", max_steps=4, stop_at=2), progress=False)
+def test_resume_refuses_a_changed_config_naming_the_keys(change, key, lra_data_dir, tmp_path):
+    train(tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=4, stop_at=2), progress=False)
     before = (tmp_path / "r" / "config.yaml").read_text()
-    cfg = tiny(data_dir, tmp_path / "r", max_steps=4)
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=4)
     for section, value in change.items():
         if section == "seed":
             cfg.seed = value
@@ -289,9 +273,9 @@ def test_resume_refuses_a_changed_config_naming_the_keys(change, key, data_dir, 
     assert (tmp_path / "r" / "config.yaml").read_text() == before
 
 
-def test_resume_accepts_a_longer_budget(data_dir, tmp_path):
-    train(tiny(data_dir, tmp_path / "r", max_steps=4, stop_at=2), progress=False)
-    cfg = tiny(data_dir, tmp_path / "r", max_steps=6, log_every=2)
+def test_resume_accepts_a_longer_budget(lra_data_dir, tmp_path):
+    train(tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=4, stop_at=2), progress=False)
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=6, log_every=2)
     cfg.resume = True
     assert train(cfg, progress=False)["steps"] == 6
     assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["train"]["max_steps"] == 6
@@ -300,8 +284,8 @@ def test_resume_accepts_a_longer_budget(data_dir, tmp_path):
 # ---------------------------------------------------------------------- bad values and splits
 
 
-def test_non_finite_loss_stops_the_run(data_dir, tmp_path):
-    cfg = tiny(data_dir, tmp_path / "r", max_steps=6)
+def test_non_finite_loss_stops_the_run(lra_data_dir, tmp_path):
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "r", max_steps=6)
     cfg.optim.lr = math.inf
     with pytest.raises(NonFiniteLossError, match=r"non-finite training .* at step \d"):
         train(cfg, progress=False)
@@ -377,10 +361,10 @@ def test_gradient_accumulation_matches_one_batch(tmp_path):
     torch.testing.assert_close(runs[4], runs[1], rtol=1e-6, atol=1e-7)
 
 
-def test_empty_validation_or_test_split_is_an_error(data_dir, tmp_path):
+def test_empty_validation_or_test_split_is_an_error(lra_data_dir, tmp_path):
     from structattn.data import load_task
 
-    cfg = tiny(data_dir, tmp_path / "r")
+    cfg = tiny("hkt", lra_data_dir, tmp_path / "r")
     data = load_task(cfg.data)
     data.val.sequences, data.val.labels = [], data.val.labels[:0]
     with pytest.raises(RunError, match="the val split is empty"):

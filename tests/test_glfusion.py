@@ -6,9 +6,16 @@ from __future__ import annotations
 import copy
 import random
 
-import helpers
 import pytest
 import torch
+from helpers import (
+    TEXT_DIM,
+    graph_for,
+    open_gates,
+    prompts,
+    tiny_glfusion_base,
+    tiny_glfusion_lm,
+)
 
 from structattn.glfusion import (
     GLFusionConfig,
@@ -19,54 +26,6 @@ from structattn.glfusion import (
     build_structure_mask,
     node_position_ids,
 )
-
-TEXT_DIM = 8
-
-
-def tiny_llama(layers=4, seed=0):
-    return helpers.tiny_llama(40, layers=layers, seed=seed).double()
-
-
-def tiny_model(layers=4, seed=0, **cfg):
-    base = tiny_llama(layers, seed)
-    config = GLFusionConfig(text_dim=TEXT_DIM, num_node_classes=3, **cfg)
-    return GLFusionForCausalLM.from_base(base, config).double().eval()
-
-
-def prompts(model, n_nodes=(3, 2)):
-    """Two right-padded prompts: text, <graph_start>, nodes, <graph_end>, text."""
-    c = model.config
-    rows = []
-    for b, n in enumerate(n_nodes):
-        row = [5 + b, 6, 7, c.graph_start_id] + [c.node_id] * n + [c.graph_end_id, 9, 10]
-        rows.append(row)
-    S = max(map(len, rows)) + 1
-    ids = torch.zeros(len(rows), S, dtype=torch.long)
-    mask = torch.zeros(len(rows), S, dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, : len(row)] = torch.tensor(row)
-        mask[b, : len(row)] = 1
-    return ids, mask
-
-
-def graph_for(n_nodes=(3, 2), seed=0, edge_dim=0):
-    g = torch.Generator().manual_seed(seed)
-    texts = [torch.randn(n, 4, TEXT_DIM, generator=g, dtype=torch.float64) for n in n_nodes]
-    edges = [torch.tensor([[i, (i + 1) % n] for i in range(n)]).T for n in n_nodes]
-    attrs = (
-        [torch.randn(e.shape[1], edge_dim, generator=g, dtype=torch.float64) for e in edges]
-        if edge_dim
-        else None
-    )
-    return GraphBatch.from_graphs(texts, edges, attrs, targets=[0] * len(n_nodes))
-
-
-def open_gates(model, value=0.7):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("gate"):
-                p.fill_(value)
-
 
 # ---------------------------------------------------------------------- mask
 
@@ -117,20 +76,20 @@ def test_node_tokens_share_one_position():
 
 
 def test_no_graph_is_exactly_the_base_model():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids = torch.randint(0, 40, (2, 9))
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     expected = model.base(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(model(ids, mask).logits, expected)
-    fresh = tiny_llama()  # an untouched copy of the same base, before resizing
+    fresh = tiny_glfusion_base()  # an untouched copy of the same base, before resizing
     torch.testing.assert_close(
         model(ids, mask).logits[..., :40], fresh(ids, attention_mask=mask).logits
     )
 
 
 def test_text_before_the_graph_is_unchanged_with_closed_gates():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids, mask = prompts(model)
     out = model(ids, mask, graph_for())
     plain = model.base(input_ids=ids[:, :4]).logits  # the text up to <graph_start> excluded
@@ -138,7 +97,7 @@ def test_text_before_the_graph_is_unchanged_with_closed_gates():
 
 
 def test_node_tokens_without_graph_is_an_error():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids, mask = prompts(model)
     with pytest.raises(ValueError, match="no graph"):
         model(ids, mask)
@@ -161,7 +120,7 @@ def test_node_tokens_without_graph_is_an_error():
     ],
 )
 def test_graph_batch_validation(make, match):
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids, mask = prompts(model)
     with pytest.raises(ValueError, match=match):
         model(ids, mask, make().to("cpu"))
@@ -216,7 +175,7 @@ def test_message_passing_is_permutation_equivariant_and_gated():
 
 def test_node_order_does_not_change_gnn_outputs():
     """Permuting the nodes of a graph (texts and edges) permutes the GNN head's outputs."""
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     open_gates(model)
     ids, mask = prompts(model, (4,))
     g = torch.Generator().manual_seed(3)
@@ -243,7 +202,7 @@ def _perturb_text_keep_mean(graph, node):
 
 def test_cross_attention_visibility_by_perturbation():
     """Perturbing node 1's text changes node 1's token and the text after the graph only."""
-    model = tiny_model(layers=4, message_passing_layers=[], cross_attention_layers=[0])
+    model = tiny_glfusion_lm(layers=4, message_passing_layers=[], cross_attention_layers=[0])
     open_gates(model)
     ids, mask = prompts(model, (3,))
     ids, mask = ids[:1], mask[:1]
@@ -269,7 +228,7 @@ def test_cross_attention_visibility_by_perturbation():
 
 def test_cross_attention_reads_only_own_text_at_the_last_layer():
     """At the last layer nothing propagates further: only node 1 and text after the graph move."""
-    model = tiny_model(layers=4, message_passing_layers=[], cross_attention_layers=[3])
+    model = tiny_glfusion_lm(layers=4, message_passing_layers=[], cross_attention_layers=[3])
     open_gates(model)
     ids, mask = prompts(model, (3,))
     ids, mask = ids[:1], mask[:1]
@@ -289,7 +248,7 @@ def test_cross_attention_reads_only_own_text_at_the_last_layer():
 
 
 def test_tiny_training_step_reduces_the_joint_loss_and_lora_freezes_the_base():
-    model = apply_lora(tiny_model(), r=4, alpha=8)
+    model = apply_lora(tiny_glfusion_lm(), r=4, alpha=8)
     model.train()
     base_before = {
         n: p.detach().clone() for n, p in model.base.named_parameters() if "lora_" not in n
@@ -317,7 +276,7 @@ def test_tiny_training_step_reduces_the_joint_loss_and_lora_freezes_the_base():
 
 
 def test_predict_combines_gnn_and_label_scores():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids, mask = prompts(model)
     pred = model.predict(ids, mask, graph_for(), label_ids=[[11], [12, 13], [14]])
     for key in ("gnn", "lm", "ensemble"):
@@ -337,7 +296,7 @@ def test_predict_combines_gnn_and_label_scores():
 def test_gnn_head_pass_equals_the_full_pass_and_a_rewrapped_base_uses_the_new_modules():
     """node_logits skips the vocabulary projection but not a bit of the node states; a base
     wrapped by a second GL-Fusion model runs the second model's modules, not the first's."""
-    model = tiny_model(seed=1)
+    model = tiny_glfusion_lm(seed=1)
     open_gates(model, 0.6)
     ids, mask = prompts(model)
     graph = graph_for()
@@ -351,7 +310,7 @@ def test_gnn_head_pass_equals_the_full_pass_and_a_rewrapped_base_uses_the_new_mo
 
 
 def test_save_and_load_round_trip(tmp_path):
-    model = apply_lora(tiny_model(edge_dim=2), r=4, alpha=8)
+    model = apply_lora(tiny_glfusion_lm(edge_dim=2), r=4, alpha=8)
     open_gates(model, 0.3)
     with torch.no_grad():
         for n, p in model.base.named_parameters():
@@ -364,7 +323,9 @@ def test_save_and_load_round_trip(tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "ckpt" / "glfusion_modules.safetensors").is_file()
-    reloaded = GLFusionForCausalLM.from_pretrained(tmp_path / "ckpt", tiny_llama()).double().eval()
+    reloaded = (
+        GLFusionForCausalLM.from_pretrained(tmp_path / "ckpt", tiny_glfusion_base()).double().eval()
+    )
     got = reloaded(ids, mask, graph)
     torch.testing.assert_close(got.logits, expected.logits)
     torch.testing.assert_close(got.node_logits, expected.node_logits)
@@ -378,7 +339,7 @@ def test_graph_tokens_are_added_to_a_tokenizer_and_the_embeddings_resized(tmp_pa
     tokenizer = BertTokenizer(str(vocab))
     before = len(tokenizer)
     model = GLFusionForCausalLM.from_base(
-        tiny_llama(), GLFusionConfig(text_dim=TEXT_DIM), tokenizer=tokenizer
+        tiny_glfusion_base(), GLFusionConfig(text_dim=TEXT_DIM), tokenizer=tokenizer
     )
     c = model.config
     ids = tokenizer.convert_tokens_to_ids(["<graph_start>", "<node>", "<graph_end>"])
@@ -416,7 +377,7 @@ def _grads(model):
 @pytest.mark.parametrize("how", ["transformers", "whole_layer_call"])
 def test_gradient_checkpointing_gives_the_same_gradients(how):
     """Recomputed layers must run message passing and cross-attention again, with the graph."""
-    plain = tiny_model()
+    plain = tiny_glfusion_lm()
     open_gates(plain)
     plain.train()
     reference = _grads(plain)
@@ -478,7 +439,7 @@ def test_from_graphs_names_bad_input(kwargs, match):
 
 
 def test_a_batch_whose_first_sequence_has_no_graph():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     open_gates(model)
     ids, mask = prompts(model, n_nodes=(3, 2))
     c = model.config
@@ -500,7 +461,7 @@ def test_a_batch_whose_first_sequence_has_no_graph():
 
 
 def test_node_labels_are_checked_and_all_ignored_gives_zero_loss():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids, mask = prompts(model)
     graph = graph_for()
     with pytest.raises(ValueError, match=r"node_labels \[3, 7\] outside 0..2"):
@@ -536,7 +497,7 @@ def _score_one_pass_per_label(model, ids, mask, graph, label_ids):
 
 @pytest.mark.parametrize("with_graph", [True, False])
 def test_label_scoring_in_one_pass_equals_one_pass_per_label(with_graph):
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     open_gates(model, 0.8)
     ids, mask = prompts(model)
     graph = graph_for()
@@ -562,10 +523,10 @@ def test_label_scoring_in_one_pass_equals_one_pass_per_label(with_graph):
 def test_recipe_options_change_nothing_at_init():
     """Target marker (zero) and the message-passing LayerNorm (behind a closed gate) keep every
     output of the paper's model at initialisation."""
-    ids, mask = prompts(tiny_model())
+    ids, mask = prompts(tiny_glfusion_lm())
     graph = graph_for()
-    plain = tiny_model(seed=3)
-    recipe = tiny_model(seed=3, message_passing_norm=True, target_marker=True)
+    plain = tiny_glfusion_lm(seed=3)
+    recipe = tiny_glfusion_lm(seed=3, message_passing_norm=True, target_marker=True)
     a, b = plain(ids, mask, graph), recipe(ids, mask, graph)
     assert torch.equal(a.logits, b.logits) and torch.equal(a.node_logits, b.node_logits)
     with torch.no_grad():
@@ -578,7 +539,7 @@ def test_recipe_options_change_nothing_at_init():
 
 
 def test_label_restricted_lm_loss_is_the_ce_over_label_scores():
-    model = tiny_model(target_marker=True)
+    model = tiny_glfusion_lm(target_marker=True)
     open_gates(model, 0.5)
     ids, mask = prompts(model)
     graph = graph_for()
@@ -605,7 +566,7 @@ def test_param_groups_and_the_ensemble_weight_chosen_on_validation():
         head_accuracies,
     )
 
-    model = apply_lora(tiny_model(), r=2, alpha=4)
+    model = apply_lora(tiny_glfusion_lm(), r=2, alpha=4)
     cfg = GLFusionTrainConfig(gate_lr=0.05, module_lr=1e-3, head_lr=2e-3)
     groups = glfusion_param_groups(model, cfg)
     lr_of = {name: g["lr"] for g in groups for name in g["names"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_glfusion import graph_for, open_gates, prompts, tiny_model
+from helpers import graph_for, open_gates, prompts, tiny_glfusion_lm
 
 
 def full_forward_logits(model, ids, mask, graph, new):
@@ -24,7 +24,7 @@ def full_forward_logits(model, ids, mask, graph, new):
 @pytest.mark.parametrize("gates", [False, True])
 @pytest.mark.parametrize("edge_dim", [0, 3])
 def test_decoding_equals_the_full_forward(gates, edge_dim):
-    model = tiny_model(edge_dim=edge_dim)
+    model = tiny_glfusion_lm(edge_dim=edge_dim)
     if gates:
         open_gates(model, 0.8)
     ids, mask = prompts(model, n_nodes=(3, 2))
@@ -40,7 +40,7 @@ def test_decoding_equals_the_full_forward(gates, edge_dim):
 
 
 def test_gates_change_generation_and_left_padding_works():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     open_gates(model, 0.9)
     ids, mask = prompts(model, n_nodes=(3, 2))
     graph = graph_for((3, 2))
@@ -58,7 +58,7 @@ def test_gates_change_generation_and_left_padding_works():
 
 def test_cross_attention_reaches_generated_tokens():
     """Changing a node's text changes what the generated tokens see (gates open)."""
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     open_gates(model, 0.9)
     ids, mask = prompts(model, n_nodes=(3, 2))
     graph = graph_for((3, 2))
@@ -69,7 +69,7 @@ def test_cross_attention_reaches_generated_tokens():
 
 
 def test_without_graph_generation_is_the_base_models():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids = torch.tensor([[5, 6, 7, 9, 10], [0, 0, 5, 8, 11]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     new = model.generate(ids, mask, max_new_tokens=6)
@@ -86,7 +86,7 @@ def test_without_graph_generation_is_the_base_models():
 
 
 def test_sampling_is_seeded_and_eos_stops_a_row():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     open_gates(model)
     ids, mask = prompts(model)
     graph = graph_for()
@@ -101,7 +101,7 @@ def test_sampling_is_seeded_and_eos_stops_a_row():
 
 
 def test_bad_input_is_named():
-    model = tiny_model()
+    model = tiny_glfusion_lm()
     ids, mask = prompts(model)
     graph = graph_for()
     with pytest.raises(ValueError, match="empty prompt"):
@@ -121,7 +121,7 @@ def test_bad_input_is_named():
 def test_decoding_is_exact_with_lora_adapters():
     from structattn.glfusion import apply_lora
 
-    model = apply_lora(tiny_model(), r=2, alpha=4).double().eval()
+    model = apply_lora(tiny_glfusion_lm(), r=2, alpha=4).double().eval()
     open_gates(model, 0.6)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -7,51 +7,10 @@ import random
 
 import pytest
 import torch
-from helpers import tiny_llama, word_tokenizer
-from transformers import BertConfig, BertModel, BertTokenizer
+from helpers import WORDS, tiny_glfusion_models, write_wordnet
 
 from structattn.data.graphs import WORDNET_NOUN_CLASSES
 from structattn.experiments.glfusion import build_glfusion_config, train_glfusion
-
-WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
-
-
-def _write_wordnet(path, n=48, seed=0):
-    """A tree of ``n`` synsets in data.noun format, labels from 4 lexicographer files."""
-    rng = random.Random(seed)
-    lines = ["  1 licence header line"]
-    for i in range(n):
-        offset = f"{10000000 + i:08d}"
-        lex = 3 + (i % 4)
-        word = f"{WORDS[i % len(WORDS)]}_{i}"
-        if i == 0:
-            ptrs = "000"
-        else:
-            parent = rng.randrange(i)
-            ptrs = f"001 @ {10000000 + parent:08d} n 0000"
-        gloss = " ".join(rng.choice(WORDS) for _ in range(5))
-        lines.append(f"{offset} {lex:02d} n 01 {word} 0 {ptrs} | {gloss}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-
-
-def _tiny_models(tmp_path):
-    names = sorted({n.removeprefix("noun.").lower() for n in WORDNET_NOUN_CLASSES})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[", "]", ":", ".", ","] + WORDS + names
-    vocab += ["classify", "the", "first", "node", "of", "this", "graph", "answer", "category"]
-    tokenizer = word_tokenizer(tmp_path / "vocab.txt", vocab)
-    llm = tiny_llama(len(tokenizer))
-    encoder = BertModel(
-        BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-    ).eval()
-    return (llm, tokenizer), (encoder, BertTokenizer(str(tmp_path / "vocab.txt")))
-
 
 TINY = dict(
     dataset="wordnet",
@@ -68,8 +27,8 @@ def tiny_cfg(tmp_path, train, **kw):
 
 
 def test_tiny_glfusion_train_and_eval(tmp_path):
-    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
-    llm, encoder = _tiny_models(tmp_path)
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = tiny_glfusion_models(tmp_path)
     cfg = tiny_cfg(
         tmp_path,
         {"max_steps": 6, "batch_size": 3, "eval_every": 3},
@@ -104,12 +63,12 @@ def test_glfusion_resume_is_exact(tmp_path):
     """6 straight steps == 3 steps, pause, resume 3 more (trainable weights bit-identical)."""
     from safetensors.torch import load_file
 
-    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     common = dict(max_train=12, max_val=4, max_test=4, eval_batch_size=4, baseline_epochs=5)
     budget = {"max_steps": 6, "batch_size": 3, "eval_every": 2}
 
     def run(stop_at=None, **kw):
-        llm, encoder = _tiny_models(tmp_path)
+        llm, encoder = tiny_glfusion_models(tmp_path)
         cfg = tiny_cfg(tmp_path, {**budget, "stop_at": stop_at}, **common, **kw)
         return train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
 
@@ -125,8 +84,8 @@ def test_glfusion_resume_is_exact(tmp_path):
 
 
 def test_glfusion_trains_with_a_bfloat16_llm_and_gradient_checkpointing(tmp_path):
-    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
-    llm, encoder = _tiny_models(tmp_path)
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = tiny_glfusion_models(tmp_path)
     cfg = tiny_cfg(
         tmp_path,
         {"max_steps": 2, "batch_size": 3, "eval_every": 2},
@@ -176,14 +135,14 @@ def test_your_own_graph_from_pyg_trains_directly_and_from_disk(tmp_path):
     assert {k: v.tolist() for k, v in again.splits.items()} == {
         k: v.tolist() for k, v in graph.splits.items()
     }
-    llm, encoder = _tiny_models(tmp_path)
+    llm, encoder = tiny_glfusion_models(tmp_path)
     train = {"max_steps": 2, "batch_size": 2, "eval_every": 2}
     common = dict(max_train=4, max_val=3, max_test=3, eval_batch_size=3, baseline_epochs=5)
     direct = train_glfusion(
         tiny_cfg(tmp_path, train, **common, run_dir=tmp_path / "a"),
         progress=False, llm=llm, encoder=encoder, graph=graph,
     )  # fmt: skip
-    llm, encoder = _tiny_models(tmp_path)
+    llm, encoder = tiny_glfusion_models(tmp_path)
     cfg = tiny_cfg(tmp_path, train, **common, run_dir=tmp_path / "b", dataset="file",
                    graph_path=tmp_path / "toy")  # fmt: skip
     from_disk = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
@@ -233,8 +192,8 @@ def test_from_pyg_names_bad_input():
 
 
 def test_recipe_trains_end_to_end(tmp_path):
-    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
-    llm, encoder = _tiny_models(tmp_path)
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = tiny_glfusion_models(tmp_path)
     cfg = tiny_cfg(
         tmp_path,
         {"max_steps": 3, "batch_size": 2, "eval_every": 3},
@@ -302,8 +261,8 @@ def test_label_aware_baselines_use_neighbour_labels_and_never_the_targets_own():
 def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
     from structattn.experiments.glfusion import predict_nodes
 
-    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
-    llm, encoder = _tiny_models(tmp_path)
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = tiny_glfusion_models(tmp_path)
     cfg = tiny_cfg(
         tmp_path,
         {"max_steps": 2, "batch_size": 2, "eval_every": 2},
@@ -311,7 +270,7 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
         run_dir=tmp_path / "run",
     )  # fmt: skip
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
-    fresh_llm, _ = _tiny_models(tmp_path)  # the same base weights (seeded), as from disk
+    fresh_llm, _ = tiny_glfusion_models(tmp_path)  # the same base weights (seeded), as from disk
     # the saved run predicts its own test targets as its evaluation did
     from structattn.experiments.glfusion import load_graph, sample_targets
 
@@ -319,14 +278,16 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
     test_rows = predict_nodes(tmp_path / "run", test_nodes, llm=fresh_llm, encoder=encoder)
     hits = sum(r["predicted"] == r["true"] for r in test_rows) / 3
     assert abs(hits - results["heads"]["test"]["ensemble"]) < 1e-9
-    fresh_llm, _ = _tiny_models(tmp_path)
+    fresh_llm, _ = tiny_glfusion_models(tmp_path)
     rows = predict_nodes(tmp_path / "run", [0, 5, 47], llm=fresh_llm, encoder=encoder)
     assert [r["node"] for r in rows] == [0, 5, 47]
     for r in rows:
         assert abs(sum(r["ensemble"]) - 1) < 1e-5 and r["ensemble_weight"] == 0.5
         assert r["predicted"] in [n.removeprefix("noun.") for n in WORDNET_NOUN_CLASSES]
     # deterministic: the same run and node give the same distributions
-    again = predict_nodes(tmp_path / "run", [0], llm=_tiny_models(tmp_path)[0], encoder=encoder)
+    again = predict_nodes(
+        tmp_path / "run", [0], llm=tiny_glfusion_models(tmp_path)[0], encoder=encoder
+    )
     assert again[0]["gnn"] == rows[0]["gnn"]
     import pytest
 
@@ -346,7 +307,7 @@ def test_glfusion_ablations_one_table(tmp_path):
     from structattn.errors import RunError
     from structattn.experiments.glfusion import ablate_glfusion
 
-    _write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     tiny = dict(TINY, data_dir=tmp_path / "data", max_train=4, max_val=3, max_test=3,
                 eval_batch_size=3, baseline_epochs=3,
                 train={"max_steps": 2, "batch_size": 2, "eval_every": 2})  # fmt: skip
@@ -354,7 +315,7 @@ def test_glfusion_ablations_one_table(tmp_path):
 
     def models():
         calls.append(1)
-        return _tiny_models(tmp_path)
+        return tiny_glfusion_models(tmp_path)
 
     variants = ("no-message-passing", "lm-head-only", "gnn-head-only")
     out = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models, **tiny)

@@ -9,23 +9,14 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import make_inputs, require
 
 from structattn.hkt import hkt_attention, hkt_cost, hkt_scores, level_lengths
-from structattn.hkt.kernels.extension import cpu_kernel
 
 LENGTHS = (1, 2, 37, 97, 1025)
 #: the exact O(T)-memory paths checked against the reference on every CPU test below (the Triton
 #: kernel runs in Triton's interpreter in test_hkt_kernels.py)
 EXACT = ("sdpa", "fused_torch", "fused_cpp")
-
-
-def require(impl):
-    """Skip the C++ kernel only on a machine without a C++ compiler; any other build failure
-    fails the test."""
-    if impl == "fused_cpp":
-        if shutil.which(os.environ.get("CXX", "c++")) is None:
-            pytest.skip("no C++ compiler on this machine")
-        assert cpu_kernel() is not None, "the C++ HKT kernel failed to build"
 
 
 def available(impls):
@@ -37,24 +28,6 @@ def available(impls):
         require(impl)
         out.append(impl)
     return out
-
-
-def make_inputs(
-    T, n_levels, stride, *, B=2, H=2, d=4, d_v=3, dtype=torch.float64, seed=0, padded=False
-):
-    g = torch.Generator().manual_seed(seed)
-    lengths = level_lengths(T, n_levels, stride)
-    q = [torch.randn(B, H, t, d, generator=g, dtype=dtype) for t in lengths]
-    k = [torch.randn(B, H, t, d, generator=g, dtype=dtype) for t in lengths]
-    v = torch.randn(B, H, T, d_v, generator=g, dtype=dtype)
-    theta = torch.randn(H, n_levels, generator=g, dtype=dtype)
-    mask = None
-    if padded:
-        # Row 0 is full, the others are right-padded to random lengths >= 1.
-        real = torch.randint(1, T + 1, (B,), generator=g)
-        real[0] = T
-        mask = torch.arange(T)[None, :] < real[:, None]
-    return q, k, v, theta, mask
 
 
 def _grads(out, tensors, seed=1):

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from test_hkt_functional import make_inputs
+from helpers import make_inputs
 
 from structattn.hkt import hkt_attention
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from test_hkt_functional import make_inputs, require
+from helpers import make_inputs, require
 
 from structattn.hkt import hkt_attention
 from structattn.hkt.interface import ATTENTION_IMPLS

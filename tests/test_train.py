@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import gzip
+import functools
 import json
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import TINY_MODEL, tiny_lra
 from safetensors.torch import load_file
 
 from structattn.cli import main as cli_main
@@ -22,60 +21,16 @@ from structattn.engine.config import CONFIG_DIR, build_dataclass
 from structattn.experiments.lra import LRAConfig, evaluate_run, load_lra, train
 from structattn.experiments.lra.reproduce import reproduce
 
-TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
 TINY_TRAIN = dict(max_steps=6, batch_size=8, eval_every=3, log_every=2)
 
 
-def _write_idx(path, array):
-    header = struct.pack(">BBBB", 0, 0, 8, array.ndim) + struct.pack(
-        f">{array.ndim}I", *array.shape
-    )
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A data cache with tiny Fashion-MNIST and aclImdb fixtures (ListOps is generated)."""
-    root = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    fm = root / "fashion-mnist"
-    fm.mkdir()
-    for prefix, n in (("train", 60), ("t10k", 20)):
-        labels = rng.integers(0, 10, n)
-        images = rng.integers(0, 60, (n, 28, 28)) + 19 * labels[:, None, None]  # learnable
-        _write_idx(fm / f"{prefix}-images-idx3-ubyte.gz", images)
-        _write_idx(fm / f"{prefix}-labels-idx1-ubyte.gz", labels)
-    for split in ("train", "test"):
-        for sub, word in (("pos", "good"), ("neg", "bad")):
-            folder = root / "aclImdb" / split / sub
-            folder.mkdir(parents=True)
-            for i in range(12):
-                (folder / f"{i}_1.txt").write_text(f"{word} " * (3 + i % 5))
-    return root
-
-
-def tiny(task, attention, data_dir, run_dir, **train_overrides):
-    data = {"data_dir": str(data_dir)}
-    if task == "listops":
-        data.update(seq_len=32, listops_min_length=4, listops_sizes=[64, 16, 16])
-    if task == "image":
-        data.update(image_pool=4)
-    if task == "text":
-        data.update(seq_len=40)
-    return load_lra(
-        f"{task}-{attention}",
-        "quick",
-        run_dir=str(run_dir),
-        data=data,
-        model=TINY_MODEL,
-        train={**TINY_TRAIN, **train_overrides},
-    )
+#: every test builds its runs with these train settings unless it says otherwise
+tiny = functools.partial(tiny_lra, **TINY_TRAIN)
 
 
 @pytest.mark.parametrize("task", ["listops", "image", "text"])
-def test_tiny_end_to_end_train_and_eval(task, data_dir, tmp_path):
-    cfg = tiny(task, "hkt", data_dir, tmp_path / "run")
+def test_tiny_end_to_end_train_and_eval(task, lra_data_dir, tmp_path):
+    cfg = tiny(task, "hkt", lra_data_dir, tmp_path / "run")
     final = train(cfg, progress=False)
     assert final["steps"] == 6 and final["task"] == task and final["median_step_ms"] > 0
     assert final["skipped_steps"] == 0
@@ -96,26 +51,26 @@ def test_tiny_end_to_end_train_and_eval(task, data_dir, tmp_path):
     assert evaluated["n"] == final["test_examples"]
 
 
-def test_training_learns_a_separable_task(data_dir, tmp_path):
-    cfg = tiny("image", "mha", data_dir, tmp_path / "r", max_steps=40, eval_every=20)
+def test_training_learns_a_separable_task(lra_data_dir, tmp_path):
+    cfg = tiny("image", "mha", lra_data_dir, tmp_path / "r", max_steps=40, eval_every=20)
     cfg.optim.lr = 5e-3
     final = train(cfg, progress=False)
     assert final["val_acc"] > 0.3  # chance is 0.1; labels shift the grey level
 
 
 @pytest.mark.parametrize("attention", ["hkt", "mha"])
-def test_resume_is_exact(attention, data_dir, tmp_path):
+def test_resume_is_exact(attention, lra_data_dir, tmp_path):
     """2N steps straight == N steps, stop, resume N more (weights, optimizer, RNG, data)."""
-    straight = tiny("listops", attention, data_dir, tmp_path / "a", max_steps=8, eval_every=4)
+    straight = tiny("listops", attention, lra_data_dir, tmp_path / "a", max_steps=8, eval_every=4)
     train(straight, progress=False)
     first = tiny(
-        "listops", attention, data_dir, tmp_path / "b", max_steps=8, eval_every=4, stop_at=5
+        "listops", attention, lra_data_dir, tmp_path / "b", max_steps=8, eval_every=4, stop_at=5
     )
     paused = train(first, progress=False)
     assert paused["paused_at"] == 5
     with pytest.raises(ValueError, match="already holds checkpoints"):
         train(first, progress=False)
-    second = tiny("listops", attention, data_dir, tmp_path / "b", max_steps=8, eval_every=4)
+    second = tiny("listops", attention, lra_data_dir, tmp_path / "b", max_steps=8, eval_every=4)
     second.resume = True
     train(second, progress=False)
     a = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000008" / "model.safetensors"))
@@ -209,7 +164,7 @@ def test_bad_config_names_the_key(values, match):
         build_dataclass(LRAConfig, values)
 
 
-def test_train_cli_overrides_yaml(data_dir, tmp_path, capsys):
+def test_train_cli_overrides_yaml(lra_data_dir, tmp_path, capsys):
     cli_main(
         [
             "train",
@@ -220,7 +175,7 @@ def test_train_cli_overrides_yaml(data_dir, tmp_path, capsys):
             "--run-dir",
             str(tmp_path / "c"),
             "--data.data-dir",
-            str(data_dir),
+            str(lra_data_dir),
             "--data.seq-len",
             "32",
             "--data.listops-min-length",
@@ -247,7 +202,7 @@ def test_train_cli_overrides_yaml(data_dir, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == 3
 
 
-def test_reproduce_table_and_skip(data_dir, tmp_path):
+def test_reproduce_table_and_skip(lra_data_dir, tmp_path):
     overrides = dict(
         data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]},
         model=TINY_MODEL,
@@ -259,7 +214,7 @@ def test_reproduce_table_and_skip(data_dir, tmp_path):
         seeds=(0, 1),
         tasks=("listops",),
         out_dir=out,
-        data_dir=data_dir,
+        data_dir=lra_data_dir,
         progress=False,
         overrides=overrides,
     )
@@ -297,7 +252,7 @@ def test_reproduce_table_and_skip(data_dir, tmp_path):
         seeds=(0, 1),
         tasks=("listops",),
         out_dir=out,
-        data_dir=data_dir,
+        data_dir=lra_data_dir,
         progress=False,
         overrides=overrides,
     )
@@ -331,7 +286,7 @@ def test_configs_ship_with_the_package_and_are_found_from_anywhere(tmp_path, mon
     assert '"structattn" = ["configs/*.yaml"]' in pyproject  # package data in the wheel
 
 
-def test_reproduce_with_paused_runs_reports_them(data_dir, tmp_path):
+def test_reproduce_with_paused_runs_reports_them(lra_data_dir, tmp_path):
     overrides = dict(
         data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]},
         model=TINY_MODEL,
@@ -342,7 +297,7 @@ def test_reproduce_with_paused_runs_reports_them(data_dir, tmp_path):
         seeds=(0,),
         tasks=("listops",),
         out_dir=tmp_path / "out",
-        data_dir=data_dir,
+        data_dir=lra_data_dir,
         progress=False,
         overrides=overrides,
     )
@@ -353,9 +308,9 @@ def test_reproduce_with_paused_runs_reports_them(data_dir, tmp_path):
     assert "Not in the table (unfinished" in (tmp_path / "out" / "quick" / "results.md").read_text()
 
 
-def test_diagnose_a_trained_run(data_dir, tmp_path, capsys):
+def test_diagnose_a_trained_run(lra_data_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    train(tiny("listops", "hkt", data_dir, run), progress=False)
+    train(tiny("listops", "hkt", lra_data_dir, run), progress=False)
     cli_main(["diagnose", str(run), "--sequences", "2", "--max-len", "24"])
     assert "kappa mean" in capsys.readouterr().out
     report = json.loads((run / "diagnostics" / "diagnostics.json").read_text())
@@ -370,16 +325,16 @@ def test_diagnose_a_trained_run(data_dir, tmp_path, capsys):
         assert (run / "diagnostics" / name).stat().st_size > 0
 
 
-def test_diagnose_rejects_mha_runs(data_dir, tmp_path):
+def test_diagnose_rejects_mha_runs(lra_data_dir, tmp_path):
     from structattn.experiments.lra.diagnose import diagnose
 
     run = tmp_path / "mha"
-    train(tiny("listops", "mha", data_dir, run), progress=False)
+    train(tiny("listops", "mha", lra_data_dir, run), progress=False)
     with pytest.raises(ValueError, match="diagnose needs hkt"):
         diagnose(run)
 
 
-def test_reproduce_variants_sweep_baselines_and_paired_statistics(data_dir, tmp_path):
+def test_reproduce_variants_sweep_baselines_and_paired_statistics(lra_data_dir, tmp_path):
     overrides = dict(
         data={"seq_len": 32, "listops_min_length": 4, "listops_sizes": [64, 16, 16]},
         model=TINY_MODEL,
@@ -391,7 +346,7 @@ def test_reproduce_variants_sweep_baselines_and_paired_statistics(data_dir, tmp_
         seeds=(0, 1),
         tasks=("listops",),
         out_dir=out,
-        data_dir=data_dir,
+        data_dir=lra_data_dir,
         progress=False,
         overrides=overrides,
         variants=("hkt", "mha", "mha-wide", "hkt-fixed-lambda"),
@@ -427,7 +382,7 @@ def test_reproduce_variants_sweep_baselines_and_paired_statistics(data_dir, tmp_
         assert text in table, text
 
 
-def test_ablations_train_each_variant_on_the_same_seed(data_dir, tmp_path):
+def test_ablations_train_each_variant_on_the_same_seed(lra_data_dir, tmp_path):
     from structattn.experiments.lra.reproduce import ABLATIONS
 
     overrides = dict(
@@ -436,7 +391,7 @@ def test_ablations_train_each_variant_on_the_same_seed(data_dir, tmp_path):
         train={**TINY_TRAIN, "max_steps": 2},
     )
     results = reproduce("quick", seeds=(0,), tasks=("listops",), out_dir=tmp_path,
-                        data_dir=data_dir, progress=False, overrides=overrides,
+                        data_dir=lra_data_dir, progress=False, overrides=overrides,
                         variants=ABLATIONS, baselines=False)  # fmt: skip
     hkt = {}
     for variant in ABLATIONS:
@@ -453,9 +408,9 @@ def test_ablations_train_each_variant_on_the_same_seed(data_dir, tmp_path):
     assert "HKT with fixed uniform λ" in (tmp_path / "quick" / "results.md").read_text()
 
 
-def test_a_finished_run_is_never_overwritten_by_a_fresh_one(data_dir, tmp_path):
+def test_a_finished_run_is_never_overwritten_by_a_fresh_one(lra_data_dir, tmp_path):
     """With its checkpoints deleted (to save space), a finished run was silently replaced."""
-    cfg = tiny("listops", "hkt", data_dir, tmp_path / "r", max_steps=4, eval_every=2)
+    cfg = tiny("listops", "hkt", lra_data_dir, tmp_path / "r", max_steps=4, eval_every=2)
     train(cfg, progress=False)
     run = tmp_path / "r"
     shutil.rmtree(run / "checkpoints")
@@ -465,7 +420,7 @@ def test_a_finished_run_is_never_overwritten_by_a_fresh_one(data_dir, tmp_path):
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
-def test_a_run_folder_held_by_another_process_is_refused_naming_its_pid(data_dir, tmp_path):
+def test_a_run_folder_held_by_another_process_is_refused_naming_its_pid(lra_data_dir, tmp_path):
     run = tmp_path / "r"
     run.mkdir()
     holder = subprocess.Popen(
@@ -478,7 +433,7 @@ def test_a_run_folder_held_by_another_process_is_refused_naming_its_pid(data_dir
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        cfg = tiny("listops", "hkt", data_dir, run, max_steps=2, eval_every=2)
+        cfg = tiny("listops", "hkt", lra_data_dir, run, max_steps=2, eval_every=2)
         with pytest.raises(ValueError, match=f"in use by another process \\(PID {holder.pid}\\)"):
             train(cfg, progress=False)
         assert not (run / "metrics.csv").exists() and not (run / "config.yaml").exists()
@@ -489,9 +444,9 @@ def test_a_run_folder_held_by_another_process_is_refused_naming_its_pid(data_dir
     assert (run / "final.json").is_file()
 
 
-def test_a_run_dir_that_is_a_file_is_one_error(data_dir, tmp_path):
+def test_a_run_dir_that_is_a_file_is_one_error(lra_data_dir, tmp_path):
     (tmp_path / "f").write_text("x")
     for run in (tmp_path / "f", tmp_path / "f" / "inside"):
-        cfg = tiny("listops", "hkt", data_dir, run, max_steps=2, eval_every=2)
+        cfg = tiny("listops", "hkt", lra_data_dir, run, max_steps=2, eval_every=2)
         with pytest.raises(ValueError, match="is a file, not a folder"):
             train(cfg, progress=False)
