@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TINY_MODEL
 
 from structattn.engine import RunDir
 from structattn.errors import ConfigError, RunError
 from structattn.experiments.lra import evaluate_run, load_lra, train
 
-TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
 LISTOPS = {"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]}
 
 
