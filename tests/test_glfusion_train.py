@@ -40,11 +40,13 @@ def test_tiny_glfusion_train_and_eval(tmp_path):
         run_dir=tmp_path / "run",
     )
     results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
-    assert set(results["baselines"]) == {"mlp", "graphsage", "mlp+labels", "graphsage+labels"}
+    assert set(results["baselines"]) == {"mlp", "graphsage", "mlp+labels", "graphsage+labels",
+                                         "neighbour-vote", "label-propagation"}  # fmt: skip
     assert results["stand_in"] and results["targets"] == {"train": 12, "val": 6, "test": 6}
     run = tmp_path / "run"
     table = (run / "results.md").read_text()
-    assert "78.20" in table and "GraphSAGE" in table and "(stand-in)" in table
+    assert "GraphSAGE" in table and "(stand-in)" in table and "label propagation" in table
+    assert "78.20" not in table and "paper" not in table  # the paper's figures are ogbn-arxiv
     val_rows = [r.split(",") for r in (run / "metrics.csv").read_text().splitlines()[1:]]
     val = [(int(r[0]), float(r[3])) for r in val_rows if r[1] == "val"]
     assert [step for step, _ in val] == [3, 6]
@@ -359,3 +361,98 @@ def test_glfusion_ablations_one_table(tmp_path):
     with pytest.raises(RunError, match="full model"):
         ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models,
                         train_missing=False, **tiny)  # fmt: skip
+
+
+def test_a_graph_of_ones_own_with_unlabelled_nodes_trains_and_every_command_reads_the_run(
+    tmp_path,
+):
+    """Nodes outside every split may be unlabelled (-1): they are context, never targets and
+    never shown with a label; the baselines run; the graph given from Python is saved into the
+    run folder and its config points there, so prediction works on the run alone."""
+    from structattn.data.graphs import read_wordnet_nouns
+    from structattn.experiments.glfusion import predict_nodes
+
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    g = read_wordnet_nouns(tmp_path / "data" / "wordnet" / "data.noun", seed=0)
+    dropped = g.splits["train"][-8:]  # out of every split, and unlabelled
+    g.splits["train"] = g.splits["train"][:-8]
+    g.labels = g.labels.clone()
+    g.labels[dropped] = -1
+    g.validate()
+    llm, encoder = tiny_glfusion_models(tmp_path)
+    cfg = tiny_cfg(tmp_path, {"max_steps": 2, "batch_size": 2, "eval_every": 2}, max_train=6,
+                   max_val=4, max_test=4, eval_batch_size=4, baseline_epochs=3,
+                   run_dir=tmp_path / "own")  # fmt: skip
+    results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder, graph=g)
+    assert 0.0 <= results["baselines"]["label-propagation"]["test"] <= 1.0
+    assert (tmp_path / "own" / "curves.png").is_file()  # the learning curves of the run
+    saved = (tmp_path / "own" / "config.yaml").read_text()
+    assert "dataset: file" in saved and str(tmp_path / "own" / "graph") in saved
+    fresh_llm, _ = tiny_glfusion_models(tmp_path)
+    node = int(dropped[0])
+    (row,) = predict_nodes(tmp_path / "own", [node], llm=fresh_llm, encoder=encoder)
+    assert row["node"] == node and abs(sum(row["ensemble"]) - 1) < 1e-5 and row["true"] is None
+    # a node the run never saw: its text and an edge, no label
+    import dataclasses
+
+    from structattn.errors import ConfigError
+
+    n = g.num_nodes
+    new = dataclasses.replace(
+        g,
+        node_texts=[*g.node_texts, "a new node about alpha and beta"],
+        labels=torch.cat([g.labels, torch.tensor([-1])]),
+        edge_index=torch.cat([g.edge_index, torch.tensor([[n], [0]])], 1),
+        edge_texts=None,
+        node_ids=[],
+    )
+    fresh_llm, _ = tiny_glfusion_models(tmp_path)
+    (row,) = predict_nodes(tmp_path / "own", [n], llm=fresh_llm, encoder=encoder, graph=new,
+                           top_k=2)  # fmt: skip
+    assert row["true"] is None and row["predicted"] == row["top"]["ensemble"][0][0]
+    assert [len(row["top"][h]) for h in ("ensemble", "gnn", "lm")] == [2, 2, 2]
+    assert row["top"]["gnn"][0][1] >= row["top"]["gnn"][1][1]
+    other = dataclasses.replace(new, label_names=[*g.label_names, "extra"])
+    with pytest.raises(ConfigError, match="label names but the run's GNN head"):
+        predict_nodes(tmp_path / "own", [n], llm=fresh_llm, encoder=encoder, graph=other)
+
+
+def test_the_neighbour_vote_reads_only_the_labels_a_prompt_shows():
+    from types import SimpleNamespace
+
+    from structattn.experiments.glfusion.baselines import neighbour_vote
+
+    # nodes 0-3 train (labels 0, 0, 1, 1), 4 val (label 1), 5 test (label 0), 6 unlabelled
+    graph = SimpleNamespace(
+        label_names=["a", "b"], num_nodes=7, labels=torch.tensor([0, 0, 1, 1, 1, 0, -1]),
+        splits={"train": torch.tensor([0, 1, 2, 3]), "val": torch.tensor([4]),
+                "test": torch.tensor([5])},
+    )  # fmt: skip
+    ex = lambda target, nodes, y: SimpleNamespace(nodes=torch.tensor([target, *nodes]), label=y)  # noqa: E731
+    examples = {"val": [ex(4, [2, 3, 6, 5], 1)], "test": [ex(5, [2, 0, 1, 4], 0)]}
+    assert neighbour_vote(graph, examples, show_labels=True) == {"val": 1.0, "test": 1.0}
+    # without labels shown every target gets the training majority (a tie: the prior's argmax)
+    hidden = neighbour_vote(graph, examples, show_labels=False)
+    assert hidden["val"] + hidden["test"] == 1.0
+
+
+def test_baselines_over_seeds_without_training_and_against_an_ablation(tmp_path):
+    from structattn.experiments.glfusion.label_baselines import (
+        baselines_over_seeds,
+        baselines_table,
+    )
+
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    ablations = tmp_path / "ablations.json"
+    full = {str(s): {"heads": {"test": {"ensemble": e}}} for s, e in ((0, 0.9), (1, 0.8))}
+    ablations.write_text(json.dumps({"runs": {"full": full}}))
+    kw = {**TINY, "data_dir": tmp_path / "data", "max_train": 6, "max_val": 4, "max_test": 4,
+          "baseline_epochs": 3}  # fmt: skip
+    out = baselines_over_seeds("quick", (0, 1), against=ablations,
+                               models=lambda: tiny_glfusion_models(tmp_path), **kw)  # fmt: skip
+    vote = [out["per_seed"][s]["baselines"]["neighbour-vote"]["test"] for s in (0, 1)]
+    d = out["full_minus"]["neighbour-vote"]
+    assert d["seeds"] == [0, 1]
+    assert d["mean"] == pytest.approx(((90 - 100 * vote[0]) + (80 - 100 * vote[1])) / 2)
+    table = baselines_table(out)
+    assert "majority of the labels the prompt shows" in table and "95% interval" in table

@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from .loop import Engine
+from .metrics import plot_metrics
 from .rundir import json_safe
 from .state import FitResult
 
@@ -109,6 +110,8 @@ class Experiment:
             return {"name": self.cfg.name, "paused_at": fit.step, "run_dir": str(engine.run_dir)}
         fit = _with_best_record(fit, engine.load_best(fit.model), engine)
         final = json_safe(self.report(fit.model, fit))
+        if engine.is_main:
+            plot_metrics(engine.dir, self.cfg.name)
         engine.write_json(engine.dir.FINAL, final)
         return final
 

@@ -111,3 +111,40 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def plot_metrics(run_dir: Path | RunDir, title: str = "") -> Path | None:
+    """``curves.png`` beside ``metrics.csv``: training loss and validation loss against the
+    step (left), training and validation accuracy where logged (right). ``None`` when the log
+    has no rows."""
+    rd = RunDir(run_dir)
+    if not rd.metrics.is_file():
+        return None
+    with rd.metrics.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if (r.get("step") or "").isdigit()]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(split: str, key: str) -> tuple[list[int], list[float]]:
+        pts = [(int(r["step"]), float(r[key])) for r in rows if r["split"] == split and r[key]]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key in zip(axes, ("loss", "acc")):
+        for split, style in (("train", "-"), ("val", "o-")):
+            steps, values = series(split, key)
+            if steps:
+                ax.plot(steps, values, style, ms=3, label=split)
+        ax.set(xlabel="step", ylabel=key, title=f"{title} {key}".strip())
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    path = rd.file(RunDir.CURVES)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -66,11 +66,16 @@ def param_groups(
 
 
 def describe_groups(groups: list[dict[str, Any]]) -> str:
+    """One line: each group's name (when it has one), weight decay, learning rate (when it sets
+    its own), tensors and parameters."""
     parts = []
     for g in groups:
         n = sum(p.numel() for p in g["params"])
+        name = f"{g['group']}: " if "group" in g else ""
+        lr = f", lr={g['lr']:g}" if "lr" in g else ""
         parts.append(
-            f"weight_decay={g['weight_decay']}: {len(g['params'])} tensors, {n:,} parameters"
+            f"{name}weight_decay={g['weight_decay']}{lr}, {len(g['params'])} tensors, "
+            f"{n:,} parameters"
         )
     return "param groups (decay: Linear/Conv weights only): " + "; ".join(parts)
 
@@ -80,7 +85,7 @@ def build_optimizer(
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``groups`` (their ``names`` left out) and its warmup + decay schedule."""
     optimizer = torch.optim.AdamW(
-        [{k: v for k, v in g.items() if k != "names"} for g in groups],
+        [{k: v for k, v in g.items() if k not in ("names", "group")} for g in groups],
         lr=optim.lr,
         betas=(optim.beta1, optim.beta2),
     )

@@ -10,6 +10,7 @@
       best.safetensors     the weights with the best validation metric
       final.json           the run's results: its presence means the run is finished
       data.json            the data's identity (source + content hash), checked on --resume
+      curves.png           training and validation loss / accuracy against the step
       .lock                held by the process writing the folder (its PID inside)
 
 Experiments add their own files beside these (``samples.md``, ``hf/``, ``best/``,
@@ -68,13 +69,14 @@ class RunDir:
     BEST = "best.safetensors"
     FINAL = "final.json"
     DATA = "data.json"
+    CURVES = "curves.png"
     LOCK = ".lock"
     #: Files whose presence means the folder holds results a fresh run must not overwrite
     #: (``results.json``: GL-Fusion runs of earlier versions; ``best``: a saved model folder).
     RESULT_FILES = (FINAL, "results.json", BEST, "best")
     #: What ``--overwrite`` removes: the files above and those the shipped experiments add.
-    RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, *RESULT_FILES,
-                 "hf", "samples.md", "results.md", "diagnostics")  # fmt: skip
+    RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, CURVES, *RESULT_FILES,
+                 "hf", "samples.md", "results.md", "diagnostics", "graph")  # fmt: skip
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

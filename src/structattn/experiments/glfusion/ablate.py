@@ -73,9 +73,8 @@ def ablation_statistics(runs: dict[str, dict[int, dict]], variants) -> dict[str,
     it, and each ablation's ensemble minus the full model's, all paired by seed."""
     full = runs["full"]
     ordered = sorted(full)
-    best_key = max(
-        LABEL_BASELINES, key=lambda k: sum(full[s]["baselines"][k]["val"] for s in ordered)
-    )
+    present = [k for k in LABEL_BASELINES if all(k in full[s]["baselines"] for s in ordered)]
+    best_key = max(present, key=lambda k: sum(full[s]["baselines"][k]["val"] for s in ordered))
     diff = paired_difference(
         _ensembles(full, ordered),
         [full[s]["baselines"][best_key]["test"] * 100 for s in ordered],

@@ -17,10 +17,12 @@ BASELINE_NAMES = {
     "graphsage": "GraphSAGE on node-text encodings",
     "mlp+labels": "MLP + neighbours' training labels",
     "graphsage+labels": "GraphSAGE + training labels (target masked)",
+    "neighbour-vote": "majority of the labels the prompt shows (no text, no training)",
+    "label-propagation": "label propagation from the training labels (no text)",
 }
 
 #: The baselines that read training labels, as GL-Fusion's prompts do.
-LABEL_BASELINES = ("mlp+labels", "graphsage+labels")
+LABEL_BASELINES = ("mlp+labels", "graphsage+labels", "neighbour-vote", "label-propagation")
 
 
 class BaselineNet(nn.Module):
@@ -79,7 +81,9 @@ class BaselineData:
             y=y,
             idx={k: torch.tensor([local[v] for v in vs]) for k, vs in targets.items()},
             train_mask=train_mask[nodes],  # over `universe`; val / test targets never in it
-            one_hot=F.one_hot(y, len(graph.label_names)).float(),
+            # unlabelled nodes (-1) are context: a zero row, never a target or a shown label
+            one_hot=F.one_hot(y.clamp_min(0), len(graph.label_names)).float()
+            * (y >= 0)[:, None].float(),
             degree=torch.bincount(edges[1], minlength=len(nodes)).clamp_min(1).float()[:, None],
         )
 
@@ -133,6 +137,48 @@ def train_baseline(name: str, data: BaselineData, epochs: int, seed: int) -> dic
     return best_state
 
 
+def _accuracies(pred: Tensor, y: Tensor, idx: dict[str, Tensor]) -> dict[str, float]:
+    return {k: (pred[idx[k]] == y[idx[k]]).float().mean().item() for k in ("val", "test")}
+
+
+def neighbour_vote(graph, examples: dict[str, list], show_labels: bool) -> dict[str, float]:
+    """Each target's class as the most frequent label among the training-split nodes of its own
+    prompt (the labels GL-Fusion is shown; never the target's): ties and prompts without a
+    shown label go to the most frequent training label. With ``show_labels`` off the prompts
+    show no label and the vote is that majority class."""
+    k = len(graph.label_names)
+    train = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    train[graph.splits["train"]] = True
+    prior = torch.bincount(graph.labels[graph.splits["train"]], minlength=k).float()
+    out = {}
+    for split in ("val", "test"):
+        hits = []
+        for ex in examples[split]:
+            others = ex.nodes[1:]
+            shown = others[train[others]] if show_labels else others[:0]
+            votes = torch.bincount(graph.labels[shown], minlength=k).float()
+            pred = int((votes + prior / (prior.sum() + 1)).argmax())  # prior breaks ties
+            hits.append(pred == ex.label)
+        out[split] = sum(hits) / len(hits)
+    return out
+
+
+def label_propagation(data: BaselineData, alphas=(0.5, 0.9, 0.99)) -> dict[str, float]:
+    """torch_geometric's ``LabelPropagation`` (3 layers) over the subgraph the prompts span,
+    seeded with the training-split labels (targets' own labels included only for training
+    targets, which are never scored); ``alpha`` chosen on validation."""
+    from torch_geometric.nn import LabelPropagation
+
+    y = data.y.clamp_min(0)
+    best = None
+    for alpha in alphas:
+        out = LabelPropagation(num_layers=3, alpha=alpha)(y, data.edges, mask=data.train_mask)
+        acc = _accuracies(out.argmax(-1), data.y, data.idx)
+        if best is None or acc["val"] > best["val"]:
+            best = acc
+    return best
+
+
 def run_baselines(
     graph,
     universe: list[int],
@@ -140,6 +186,8 @@ def run_baselines(
     targets: dict[str, list[int]],
     epochs: int,
     seed: int,
+    examples: dict[str, list] | None = None,
+    show_labels: bool = True,
 ) -> dict[str, dict[str, float]]:
     """MLP and GraphSAGE, full batch on the subgraph induced by ``universe``; each also with
     training labels as input features, the information GL-Fusion's prompts carry:
@@ -147,11 +195,18 @@ def run_baselines(
     * ``graphsage+labels``: node features ``[text, one-hot label]``, the label shown for nodes
       of the graph's training split that are not being predicted (zeros otherwise), as
       GL-Fusion's prompts show training-split neighbours' labels; GraphSAGE aggregates them;
-    * ``mlp+labels``: ``[text, mean of the neighbours' shown labels]`` (an MLP sees no graph).
+    * ``mlp+labels``: ``[text, mean of the neighbours' shown labels]`` (an MLP sees no graph);
+    * ``neighbour-vote`` (with ``examples``, the prompts): :func:`neighbour_vote`;
+    * ``label-propagation``: :func:`label_propagation`.
 
     While training, a fresh seeded half of the training targets per epoch are predicted with
     their labels hidden (every other training-split node shows its label), so no node is ever
     predicted from its own label; at evaluation every training-split node shows its label and
     validation / test nodes never do."""
     data = BaselineData.build(graph, universe, pooled, targets)
-    return {name: train_baseline(name, data, epochs, seed) for name in BASELINE_NAMES}
+    trained = ("mlp", "graphsage", "mlp+labels", "graphsage+labels")
+    out = {name: train_baseline(name, data, epochs, seed) for name in trained}
+    if examples is not None:
+        out["neighbour-vote"] = neighbour_vote(graph, examples, show_labels)
+    out["label-propagation"] = label_propagation(data)
+    return out

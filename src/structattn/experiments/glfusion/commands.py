@@ -17,12 +17,13 @@ from ..commands import PresetCommand, parse_command
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
 
-__all__ = ["COMMANDS", "Ablate", "Predict", "Train", "main"]
+__all__ = ["COMMANDS", "Ablate", "Baselines", "Predict", "Train", "main"]
 
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
-    "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] "
-    "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2]"
+    "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] [--graph DIR] "
+    "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
+    "| structattn glfusion baselines [--preset recipe] [--against ablations.json]"
 )
 
 
@@ -64,12 +65,22 @@ class Predict:
     """Classify nodes of a run's graph with its best weights (one JSON line per node)."""
 
     run_dir: tyro.conf.Positional[Path]  # a GL-Fusion run directory (with best/)
-    nodes: tuple[int, ...]  # node ids
+    nodes: tuple[int, ...]  # node ids (of --graph when given)
+    graph: Path | None = None  # a graph folder (TextAttributedGraph.save) with new nodes
+    top_k: int = 3  # labels listed per head, most probable first
 
     def run(self) -> None:
+        from structattn.data.graphs import TextAttributedGraph
+
         from .predict import predict_nodes
 
-        for row in predict_nodes(self.run_dir, list(self.nodes)):
+        graph = None
+        if self.graph is not None:
+            try:
+                graph = TextAttributedGraph.load(self.graph)
+            except (ValueError, OSError) as err:
+                raise ConfigError(f"--graph {self.graph}: {err}") from None
+        for row in predict_nodes(self.run_dir, list(self.nodes), graph=graph, top_k=self.top_k):
             print(json.dumps(row))
 
 
@@ -102,7 +113,34 @@ class Ablate:
         print(out["table"])
 
 
-COMMANDS = {"train": Train, "predict": Predict, "ablate": Ablate}
+@dataclass
+class Baselines:
+    """Every baseline of a preset over seeds, on the targets, prompts and encodings the runs of
+    those seeds use, without training GL-Fusion; with --against, the full model's ensemble of a
+    finished ablation minus each label-aware baseline, paired by seed."""
+
+    preset: str = "recipe"  # the preset: quick | recipe | paper
+    config: str = "glfusion"  # experiment file: a shipped name or a YAML path
+    seeds: tuple[int, ...] = (0, 1, 2)  # seeds (each draws its own targets)
+    against: Path | None = None  # an ablations.json written by `structattn glfusion ablate`
+    out_dir: Path = Path("results/glfusion")  # the table goes to <out_dir>/<preset>/
+
+    def run(self) -> None:
+        from structattn.engine import json_safe
+
+        from .label_baselines import baselines_over_seeds, baselines_table
+
+        load_preset(self.config, self.preset)  # a bad preset stops before anything loads
+        out = baselines_over_seeds(self.preset, self.seeds, self.config, self.against)
+        table = baselines_table(out)
+        root = self.out_dir / self.preset
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "baselines.md").write_text(table + "\n")
+        (root / "baselines.json").write_text(json.dumps(json_safe(out), indent=2) + "\n")
+        print(table)
+
+
+COMMANDS = {"train": Train, "predict": Predict, "ablate": Ablate, "baselines": Baselines}
 
 
 def main(argv: list[str]) -> None:
@@ -114,6 +152,7 @@ def main(argv: list[str]) -> None:
         Annotated[Train, tyro.conf.subcommand("train", default=train)],
         Annotated[Predict, tyro.conf.subcommand("predict")],
         Annotated[Ablate, tyro.conf.subcommand("ablate")],
+        Annotated[Baselines, tyro.conf.subcommand("baselines")],
     ]
     command = parse_command(choices, argv, prog="structattn glfusion",
                             description="GL-Fusion on a text-attributed graph.")  # fmt: skip

@@ -32,9 +32,9 @@ def glfusion_param_groups(model: GLFusionForCausalLM, cfg: GLFusionTrainConfig) 
         split: dict[str, dict] = {}
         for p, name in zip(group["params"], group["names"]):
             k = parameter_kind(name)
-            g = split.setdefault(
-                k, {"params": [], "names": [], "weight_decay": group["weight_decay"]}
-            )
+            decayed = "decay" if group["weight_decay"] else "no decay"
+            g = split.setdefault(k, {"params": [], "names": [], "group": f"{k}, {decayed}",
+                                     "weight_decay": group["weight_decay"]})  # fmt: skip
             g["params"].append(p)
             g["names"].append(name)
             g["lr"] = lrs[k] if lrs[k] is not None else cfg.optim.lr

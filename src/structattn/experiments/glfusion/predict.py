@@ -54,13 +54,17 @@ def predict_nodes(
     encoder=None,
     graph: TextAttributedGraph | None = None,
     batch_size: int = 8,
+    top_k: int = 3,
 ) -> list[dict[str, Any]]:
     """Classify nodes of the run's graph (any ids: new targets, not only the run's test set) with
     a saved run's best weights: per node the GNN, LM and ensemble distributions (the run's
     ensemble weight) and the predicted label name.
 
     ``llm``, ``encoder`` (``(model, tokenizer)``) and ``graph`` default to what the run's
-    ``config.yaml`` names; pass them for models or graphs that are not on disk."""
+    ``config.yaml`` names; pass them for models or graphs that are not on disk. ``graph`` may
+    be a new graph holding nodes the run never saw (their text and edges; a node outside the
+    splits may be unlabelled, ``y = -1``, and its ``"true"`` is then ``None``); its label names
+    must be the run's. ``top`` lists each head's ``top_k`` labels with their probabilities."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     graph = graph if graph is not None else load_graph(cfg)
@@ -74,6 +78,14 @@ def predict_nodes(
     except (ValueError, OSError) as err:  # a damaged or foreign best/ folder
         raise RunError(f"{run_dir}: cannot load best/ ({err})") from None
     model = model.eval()
+    classes = model.config.num_node_classes
+    if len(graph.label_names) != classes:
+        raise ConfigError(
+            f"the graph has {len(graph.label_names)} label names but the run's GNN head "
+            f"predicts {classes} classes: give a graph with the run's label names"
+        )
+    if top_k < 1:
+        raise ConfigError(f"top_k must be >= 1, got {top_k}")
     weight = _ensemble_weight(run_dir, cfg)
     examples = prompt_examples(graph, node_ids, tokenizer, model.config, cfg)
     cache = encoding_cache(cfg, enc_model, enc_tok)
@@ -82,15 +94,21 @@ def predict_nodes(
     out = []
     for i, v in enumerate(node_ids):
         mix = weight * probs["gnn"][i] + (1 - weight) * probs["lm"][i]
+        label = int(graph.labels[int(v)])
+        dists = {"ensemble": mix, "gnn": probs["gnn"][i], "lm": probs["lm"][i]}
         out.append(
             {
                 "node": int(v),
                 "predicted": graph.label_names[int(mix.argmax())],
-                "true": graph.label_names[int(graph.labels[int(v)])],
-                "ensemble": mix.tolist(),
-                "gnn": probs["gnn"][i].tolist(),
-                "lm": probs["lm"][i].tolist(),
+                "true": graph.label_names[label] if label >= 0 else None,  # -1: unlabelled
+                **{k: d.tolist() for k, d in dists.items()},
+                "top": {k: _top(d, graph.label_names, top_k) for k, d in dists.items()},
                 "ensemble_weight": weight,
             }
         )
     return out
+
+
+def _top(dist, names: list[str], k: int) -> list[tuple[str, float]]:
+    values, idx = dist.topk(min(k, len(names)))
+    return [(names[int(i)], round(float(p), 6)) for p, i in zip(values, idx)]

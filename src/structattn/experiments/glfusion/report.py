@@ -27,25 +27,28 @@ def _data(r: dict[str, Any]) -> str:
 
 
 def results_table(r: dict[str, Any]) -> str:
-    """One run: val / test accuracy of each head and baseline, the paper's column beside."""
-    p = r["paper_ogbn_arxiv"]
+    """One run: val / test accuracy of each head and baseline; on ogbn-arxiv the paper's
+    figures in a column beside (on any other graph they would compare different data)."""
+    paper = r.get("paper_ogbn_arxiv")
     h, b = r["heads"], r["baselines"]
-    rows = [(name, h["val"][k], h["test"][k], p[k]) for k, name in HEAD_NAMES.items()]
+    rows = [(name, h["val"][k], h["test"][k], paper and paper[k]) for k, name in HEAD_NAMES.items()]
     rows += [
         (name, b[k]["val"], b[k]["test"], None) for k, name in BASELINE_NAMES.items() if k in b
     ]
+    header = "| model | val | test |" + (" paper (ogbn-arxiv) |" if paper else "")
     lines = [
         f"GL-Fusion node classification on {_data(r)}; LLM {r['llm']}; targets "
-        f"{r['targets']}. Accuracy (%); the paper's column is ogbn-arxiv with Llama-3-8B.",
+        f"{r['targets']}. Accuracy (%)"
+        + ("; the paper's column is ogbn-arxiv with Llama-3-8B." if paper else "."),
         "",
-        "| model | val | test | paper (ogbn-arxiv) |",
-        "|---|---:|---:|---:|",
+        header,
+        "|---|---:|---:|" + ("---:|" if paper else ""),
     ]
-    for name, val, test, paper in rows:
-        lines.append(
-            f"| {name} | {100 * val:.2f} | {100 * test:.2f} | "
-            f"{'-' if paper is None else f'{paper:.2f}'} |"
-        )
+    for name, val, test, p in rows:
+        cells = f"| {name} | {100 * val:.2f} | {100 * test:.2f} |"
+        if paper:
+            cells += f" {'-' if p is None else f'{p:.2f}'} |"
+        lines.append(cells)
     lines.append("")
     lines.append(
         f"Median training step {r['median_step_ms'] or float('nan'):.0f} ms; "
