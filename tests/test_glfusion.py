@@ -577,6 +577,15 @@ def test_param_groups_and_the_ensemble_weight_chosen_on_validation():
     assert all(lr_of[n] == 1e-3 for n in others if not n.startswith("glf_gnn_head"))
     n_params = sum(p.numel() for g in groups for p in g["params"])
     assert n_params == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    from structattn.engine.optim import describe_groups
+
+    for g in groups:  # each group says what it is, and the log line names it
+        kind, rule = g["group"].split(", ")
+        assert rule in ("decayed", "not decayed") and kind in ("gates", "head", "modules", "lora")
+        assert all((n.endswith("gate")) == (kind == "gates") for n in g["names"])
+        assert f"{g['group']}: weight_decay={g['weight_decay']}, lr={g['lr']:g}" in describe_groups(
+            groups
+        )
 
     classes = torch.tensor([0, 1, 1, 0])
     gnn = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.7, 0.3]])  # 3/4 right

@@ -456,3 +456,25 @@ def test_baselines_over_seeds_without_training_and_against_an_ablation(tmp_path)
     assert d["mean"] == pytest.approx(((90 - 100 * vote[0]) + (80 - 100 * vote[1])) / 2)
     table = baselines_table(out)
     assert "majority of the labels the prompt shows" in table and "95% interval" in table
+
+
+def test_the_example_graph_of_the_docs_trains_from_its_folder(tmp_path):
+    """docs/glfusion.md's example folder (tests/data/tiny-graph: two unlabelled nodes outside
+    the splits) trains through ``dataset: file`` and its nodes can be predicted."""
+    from pathlib import Path
+
+    from structattn.data.graphs import TextAttributedGraph
+    from structattn.experiments.glfusion import predict_nodes
+
+    folder = Path(__file__).parent / "data" / "tiny-graph"
+    graph = TextAttributedGraph.load(folder)
+    assert graph.num_nodes == 12 and (graph.labels == -1).sum() == 2
+    llm, encoder = tiny_glfusion_models(tmp_path)
+    cfg = tiny_cfg(tmp_path, {"max_steps": 2, "batch_size": 2, "eval_every": 2},
+                   dataset="file", graph_path=folder, max_train=6, max_val=2, max_test=2,
+                   eval_batch_size=2, baseline_epochs=2, run_dir=tmp_path / "run")  # fmt: skip
+    results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    assert results["dataset"] == "tiny-papers" and results["targets"]["test"] == 2
+    fresh_llm, _ = tiny_glfusion_models(tmp_path)
+    rows = predict_nodes(tmp_path / "run", [10, 11], llm=fresh_llm, encoder=encoder)
+    assert [r["true"] for r in rows] == [None, None]

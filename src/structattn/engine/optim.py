@@ -56,8 +56,8 @@ def param_groups(
         target[0].append(p)
         target[1].append(name)
     groups = [
-        {"params": decay[0], "names": decay[1], "weight_decay": weight_decay},
-        {"params": no_decay[0], "names": no_decay[1], "weight_decay": 0.0},
+        {"params": decay[0], "names": decay[1], "group": "decayed", "weight_decay": weight_decay},
+        {"params": no_decay[0], "names": no_decay[1], "group": "not decayed", "weight_decay": 0.0},
     ]
     if lr is not None:
         for g in groups:

@@ -8,6 +8,7 @@ baselines.
     accelerate launch -m structattn.cli glfusion train ...              # several GPUs
     structattn glfusion predict RUN_DIR --nodes 0 5 47
     structattn glfusion ablate --preset recipe --seeds 0 1 2
+    structattn glfusion baselines --preset recipe --seeds 0 1 2
 
 Training is :class:`structattn.engine.Engine` (device placement, AdamW with warmup + cosine,
 clipping, step-addressed batches, atomic checkpoints of the trainable weights + optimizer /
@@ -39,6 +40,7 @@ from .evaluation import (
     head_probabilities,
 )
 from .groups import glfusion_param_groups
+from .label_baselines import baselines_over_seeds, baselines_table
 from .predict import predict_nodes
 from .report import PAPER_ARXIV, ablation_table, results_table
 from .run import NodeClassification, train_glfusion
@@ -53,6 +55,8 @@ __all__ = [
     "ablate_glfusion",
     "ablation_statistics",
     "ablation_table",
+    "baselines_over_seeds",
+    "baselines_table",
     "build_glfusion_config",
     "choose_ensemble_weight",
     "encoding_cache",

@@ -32,8 +32,7 @@ def glfusion_param_groups(model: GLFusionForCausalLM, cfg: GLFusionTrainConfig) 
         split: dict[str, dict] = {}
         for p, name in zip(group["params"], group["names"]):
             k = parameter_kind(name)
-            decayed = "decay" if group["weight_decay"] else "no decay"
-            g = split.setdefault(k, {"params": [], "names": [], "group": f"{k}, {decayed}",
+            g = split.setdefault(k, {"params": [], "names": [], "group": f"{k}, {group['group']}",
                                      "weight_decay": group["weight_decay"]})  # fmt: skip
             g["params"].append(p)
             g["names"].append(name)
