@@ -478,3 +478,49 @@ def test_the_example_graph_of_the_docs_trains_from_its_folder(tmp_path):
     fresh_llm, _ = tiny_glfusion_models(tmp_path)
     rows = predict_nodes(tmp_path / "run", [10, 11], llm=fresh_llm, encoder=encoder)
     assert [r["true"] for r in rows] == [None, None]
+
+
+def test_edge_texts_become_edge_features_end_to_end(tmp_path):
+    """WordNet's edges carry their relation; with ``edge_texts`` each edge's text is encoded
+    like a node text and fed to message passing (edge_dim = the encoder's width); a graph
+    without edge texts is one error."""
+    import dataclasses
+
+    from structattn.data.graphs import read_wordnet_nouns
+    from structattn.errors import ConfigError
+    from structattn.experiments.glfusion import predict_nodes
+    from structattn.glfusion.configuration import GLFusionConfig
+    from structattn.glfusion.prompts import build_example, collate_examples
+
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    g = read_wordnet_nouns(tmp_path / "data" / "wordnet" / "data.noun", seed=0)
+    assert set(g.edge_texts) <= {"hypernym", "instance hypernym"} and g.edge_texts
+    u, v = g.edge_index[:, 0].tolist()
+    assert g.edge_text(u, v) == g.edge_texts[0] and g.edge_text(v, u).startswith("reverse: ")
+    llm, encoder = tiny_glfusion_models(tmp_path)
+    tok = llm[1]
+    ex = build_example(g, u, tok, GLFusionConfig(text_dim=16, num_node_classes=26),
+                       max_nodes=4, edge_texts=True)  # fmt: skip
+    assert len(ex.edge_texts) == ex.edge_index.shape[1] > 0
+    words = {"hypernym": 1.0, "reverse: hypernym": 2.0}
+
+    def encode(texts):  # a stand-in encoder: one distinct vector per edge relation
+        enc = torch.stack([torch.full((3, 16), words.get(t, 0.5)) for t in texts])
+        return enc, torch.ones(len(texts), 3, dtype=torch.bool)
+
+    batch = collate_examples([ex], encode)
+    expected = torch.tensor([words.get(t, 0.5) for t in ex.edge_texts])
+    assert torch.equal(batch["graph"].edge_attr, expected[:, None].expand(-1, 16))
+    cfg = tiny_cfg(tmp_path, {"max_steps": 2, "batch_size": 2, "eval_every": 2}, max_train=4,
+                   max_val=3, max_test=3, eval_batch_size=3, baseline_epochs=2,
+                   run_dir=tmp_path / "run", edge_texts=True)  # fmt: skip
+    train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    saved = json.loads((tmp_path / "run" / "best" / "glfusion_config.json").read_text())
+    assert saved["edge_dim"] == encoder[0].config.hidden_size
+    fresh_llm, _ = tiny_glfusion_models(tmp_path)
+    (row,) = predict_nodes(tmp_path / "run", [u], llm=fresh_llm, encoder=encoder)
+    assert abs(sum(row["ensemble"]) - 1) < 1e-5
+    bare = dataclasses.replace(g, edge_texts=None)
+    cfg = dataclasses.replace(cfg, run_dir=tmp_path / "bare")
+    with pytest.raises(ConfigError, match="has no edge texts"):
+        train_glfusion(cfg, progress=False, llm=llm, encoder=encoder, graph=bare)

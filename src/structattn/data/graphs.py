@@ -116,6 +116,20 @@ class TextAttributedGraph:
     def num_nodes(self) -> int:
         return len(self.node_texts)
 
+    def edge_text(self, u: int, v: int) -> str:
+        """The text of the edge ``u -> v``: its own, or ``"reverse: <text>"`` when only
+        ``v -> u`` is in the graph (subgraphs take edges both ways). Needs ``edge_texts``."""
+        if self.edge_texts is None:
+            raise ValueError(f"{self.name} has no edge texts")
+        cached = self.__dict__.get("_edge_text_lookup")
+        if cached is None or cached[0] is not self.edge_index or cached[1] is not self.edge_texts:
+            src, dst = self.edge_index.tolist()
+            lookup = {(b, a): f"reverse: {t}" for a, b, t in zip(src, dst, self.edge_texts)}
+            lookup.update({(a, b): t for a, b, t in zip(src, dst, self.edge_texts)})
+            cached = (self.edge_index, self.edge_texts, lookup)
+            self.__dict__["_edge_text_lookup"] = cached
+        return cached[2][(int(u), int(v))]
+
     def validate(self) -> None:
         """Check that the graph is one a model can be trained and scored on; raises
         ``ValueError`` naming the problem and how many nodes, edges or labels it concerns:
@@ -201,12 +215,14 @@ class TextAttributedGraph:
         split: dict[str, Tensor] | None = None,
         name: str = "custom-graph",
         source: str | None = None,
+        edge_texts: list[str] | None = None,
     ) -> TextAttributedGraph:
         """Your own graph: a ``torch_geometric`` ``Data`` with ``edge_index (2, E)`` and
         ``y (N,)``, one text per node, the class names, and the split as ``train_mask`` /
         ``val_mask`` / ``test_mask`` on ``data`` or ``split = {"train": idx, "val": idx,
         "test": idx}`` (node indices, or ``(N,)`` bool masks). Nodes outside every split may
-        carry ``y = -1``.
+        carry ``y = -1``. ``edge_texts``: one string per edge of ``edge_index`` ("cites"), fed
+        to message passing as edge features with ``edge_texts: true`` in the config.
 
         Raises ``ValueError`` naming the problem: a graph with zero nodes, a node without text,
         texts that do not match the node count, edge indices out of range, labels that are not
@@ -255,6 +271,7 @@ class TextAttributedGraph:
             splits=splits,
             source=source or f"{name} (your own graph)",
             stand_in=False,
+            edge_texts=None if edge_texts is None else list(edge_texts),
             node_ids=[str(i) for i in range(n)],
         )
 
@@ -339,6 +356,10 @@ class TextAttributedGraph:
         )
 
 
+#: WordNet pointer symbols kept as edges, and the edge text each gives.
+_WORDNET_RELATIONS = {"@": "hypernym", "@i": "instance hypernym"}
+
+
 def read_wordnet_nouns(
     path: str | Path, seed: int = 0, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
 ) -> TextAttributedGraph:
@@ -366,7 +387,7 @@ def read_wordnet_nouns(
                 for i in range(p_cnt):
                     symbol, target, pos = fields[p_at + 1 + 4 * i : p_at + 4 + 4 * i]
                     if symbol in ("@", "@i") and pos == "n":
-                        ptrs.append(target)
+                        ptrs.append((target, _WORDNET_RELATIONS[symbol]))
                 if len(fields) < p_at + 1 + 4 * p_cnt:
                     raise ValueError("pointer list shorter than its count")
             except (IndexError, ValueError) as err:
@@ -378,12 +399,13 @@ def read_wordnet_nouns(
     if not offsets:
         raise DataError(f"{path}: no noun synsets found")
     index = {off: i for i, off in enumerate(offsets)}
-    src, dst = [], []
+    src, dst, relations = [], [], []
     for i, ptrs in enumerate(pointers):
-        for target in ptrs:
+        for target, relation in ptrs:
             if target in index:
                 src.append(i)
                 dst.append(index[target])
+                relations.append(relation)
     edge_index = torch.tensor([src, dst], dtype=torch.long).reshape(2, -1)
     parts = split_indices(len(offsets), list(fractions), seed=seed)
     return TextAttributedGraph(
@@ -396,6 +418,7 @@ def read_wordnet_nouns(
         source="WordNet 3.0 noun synsets (stand-in for ogbn-arxiv)",
         stand_in=True,
         node_ids=offsets,
+        edge_texts=relations,  # synset -> its hypernym; the other way is "reverse: ..."
     )
 
 

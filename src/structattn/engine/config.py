@@ -44,6 +44,7 @@ __all__ = [
     "build_dataclass",
     "config_diff",
     "config_to_dict",
+    "default_config",
     "find_config",
     "load_config",
     "load_preset",
@@ -445,7 +446,28 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two plain config dicts."""
+def config_diff(
+    saved: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """Dotted keys whose values differ between two plain config dicts. With ``defaults`` (the
+    plain default config), a key the saved config lacks (written before the key existed) is
+    no difference while the current value is its default."""
     a, b = _flatten(saved), _flatten(current)
-    return sorted(k for k in set(a) | set(b) if a.get(k, object()) != b.get(k, object()))
+    d = _flatten(defaults) if defaults is not None else {}
+    missing = object()
+    changed = []
+    for k in set(a) | set(b):
+        if a.get(k, missing) == b.get(k, missing):
+            continue
+        if k not in a and k in d and b.get(k, missing) == d[k]:
+            continue
+        changed.append(k)
+    return sorted(changed)
+
+
+def default_config(cls) -> dict[str, Any] | None:
+    """The plain form of ``cls()``, or ``None`` when the class has no valid default."""
+    try:
+        return config_to_dict(cls())
+    except (TypeError, ValueError):
+        return None

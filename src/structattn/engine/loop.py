@@ -58,7 +58,7 @@ from .checkpoint import (
     set_rng_state,
     weights_metadata,
 )
-from .config import RESUMABLE_CHANGES, OptimConfig, TrainConfig, config_to_dict
+from .config import RESUMABLE_CHANGES, OptimConfig, TrainConfig, config_to_dict, default_config
 from .metrics import MetricsLog
 from .optim import build_optimizer, describe_groups, param_groups
 from .rundir import RunDir
@@ -126,6 +126,7 @@ class Engine:
         select: str = "acc",
         resumable: frozenset[str] = RESUMABLE_CHANGES,
         overwrite: bool = False,
+        defaults: dict[str, Any] | None = None,
     ):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
@@ -151,7 +152,7 @@ class Engine:
         self.accelerator.wait_for_everyone()
         self.dir.check_start(resume)
         if resume:
-            self.dir.check_resume_config(config, resumable)
+            self.dir.check_resume_config(config, resumable, defaults)
         if self.is_main:
             self.dir.clean()
         self.accelerator.wait_for_everyone()
@@ -163,6 +164,7 @@ class Engine:
         seed, resume flag and resumable keys; written to ``config.yaml`` as a plain dict)."""
         kwargs.setdefault("resumable", type(cfg).resumable)
         kwargs.setdefault("overwrite", getattr(cfg, "overwrite", False))
+        kwargs.setdefault("defaults", default_config(type(cfg)))
         return cls(
             run_dir=cfg.resolved_run_dir(),
             optim=cfg.optim,

@@ -237,15 +237,21 @@ class RunDir:
         if resume and not has_checkpoints:
             raise RunError(f"--resume: {self.checkpoints} holds no checkpoint to resume from")
 
-    def check_resume_config(self, config: dict[str, Any], resumable: frozenset[str]) -> None:
-        """``config`` differs from the saved one only in ``resumable`` keys."""
+    def check_resume_config(
+        self,
+        config: dict[str, Any],
+        resumable: frozenset[str],
+        defaults: dict[str, Any] | None = None,
+    ) -> None:
+        """``config`` differs from the saved one only in ``resumable`` keys (and in keys added
+        since it was saved, at their ``defaults``)."""
         if not self.config.is_file():
             raise RunError(f"--resume: {self.config} is missing")
         try:
             saved = yaml.safe_load(self.config.read_text())
         except yaml.YAMLError as err:
             raise RunError(f"--resume: {self.config} is not valid YAML ({err})") from None
-        changed = [k for k in config_diff(saved or {}, config) if k not in resumable]
+        changed = [k for k in config_diff(saved or {}, config, defaults) if k not in resumable]
         if changed:
             raise RunError(
                 f"--resume: the config differs from {self.config} in {', '.join(changed)}; "

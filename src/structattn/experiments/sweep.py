@@ -28,7 +28,8 @@ def check_reusable(run: SweepRun, rd: RunDir) -> None:
     """A finished run is the one asked for, or a ConfigError names what differs."""
     if run.config is None:
         return
-    changed = [k for k in config_diff(rd.read_config(), run.config()) if k not in REUSE_IGNORES]
+    diff = config_diff(rd.read_config(), run.config(), run.defaults)
+    changed = [k for k in diff if k not in REUSE_IGNORES]
     if changed:
         shown = ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
         raise ConfigError(
@@ -47,8 +48,10 @@ class SweepRun:
     label: str
     train: Callable[[bool], dict[str, Any]]
     #: The plain config this run resolves to (``config_to_dict``): a finished run is reused
-    #: only when its ``config.yaml`` equals it (up to :data:`REUSE_IGNORES`).
+    #: only when its ``config.yaml`` equals it (up to :data:`REUSE_IGNORES`, and keys added
+    #: since it was written while they hold the ``defaults``).
     config: Callable[[], dict[str, Any]] | None = None
+    defaults: dict[str, Any] | None = None
 
 
 @dataclass

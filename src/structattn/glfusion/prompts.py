@@ -25,7 +25,14 @@ from structattn.data.graphs import TextAttributedGraph, sample_subgraph
 from .configuration import GLFusionConfig
 from .graph import GraphBatch
 
-__all__ = ["NodeExample", "build_example", "collate_examples", "label_token_ids", "node_text"]
+__all__ = [
+    "NodeExample",
+    "build_example",
+    "collate_examples",
+    "label_token_ids",
+    "mean_pool",
+    "node_text",
+]
 
 INSTRUCTION = "Classify the first node of this graph. Graph:"
 ANSWER = " Answer:"
@@ -40,6 +47,7 @@ class NodeExample:
     prompt_ids: list[int]  # instruction, graph tokens, " Answer:"
     label_ids: list[int]  # tokens of " <label name>"
     label: int  # class of the target
+    edge_texts: list[str] | None = None  # one per local edge, when edges carry text
 
 
 def node_text(graph: TextAttributedGraph, node: int, show_label: bool) -> str:
@@ -62,9 +70,11 @@ def build_example(
     seed: int = 0,
     show_neighbour_labels: bool = True,
     train_nodes: set[int] | None = None,
+    edge_texts: bool = False,
 ) -> NodeExample:
     """One example around ``target``; ``train_nodes`` (default: the graph's train split) are the
-    neighbours allowed to show their label."""
+    neighbours allowed to show their label; ``edge_texts``: each edge's text
+    (:meth:`TextAttributedGraph.edge_text`) rides along, for edge features."""
     nodes, edges = sample_subgraph(graph, target, num_hops, max_nodes, seed)
     if train_nodes is None:
         train_nodes = set(graph.splits["train"].tolist())
@@ -79,7 +89,18 @@ def build_example(
     graph_tokens = [config.graph_start_id] + [config.node_id] * len(nodes) + [config.graph_end_id]
     label = int(graph.labels[target])
     label_ids = tokenizer(" " + graph.label_names[label], add_special_tokens=False)["input_ids"]
-    return NodeExample(target, nodes, edges, texts, head + graph_tokens + tail, label_ids, label)
+    etexts = None
+    if edge_texts:
+        etexts = [graph.edge_text(nodes[a], nodes[b]) for a, b in edges.t().tolist()]
+    return NodeExample(
+        target, nodes, edges, texts, head + graph_tokens + tail, label_ids, label, etexts
+    )
+
+
+def mean_pool(encodings: Tensor, mask: Tensor) -> Tensor:
+    """``(n, Lt, dim)`` token encodings and ``(n, Lt)`` masks -> ``(n, dim)`` float means."""
+    m = mask.unsqueeze(-1).float()
+    return (encodings.float() * m).sum(1) / m.sum(1).clamp_min(1)
 
 
 def label_token_ids(graph: TextAttributedGraph, tokenizer) -> list[list[int]]:
@@ -117,8 +138,18 @@ def collate_examples(
         node_texts.append(list(zip(enc, mask)))
         node_labels += [ex.label] + [-100] * (len(ex.nodes) - 1)
     texts = [[e for e, _ in nt] for nt in node_texts]
+    edge_attrs = None
+    if examples and examples[0].edge_texts is not None:  # each edge's text, mean-pooled
+        dim = texts[0][0].shape[-1]
+        edge_attrs = [
+            mean_pool(*encode(ex.edge_texts)) if ex.edge_texts else torch.zeros(0, dim)
+            for ex in examples
+        ]
     graph = GraphBatch.from_graphs(
-        [torch.stack(t) for t in texts], [ex.edge_index for ex in examples], targets=[0] * B
+        [torch.stack(t) for t in texts],
+        [ex.edge_index for ex in examples],
+        edge_attrs=edge_attrs,
+        targets=[0] * B,
     )
     graph.node_text_mask = torch.cat([torch.stack([m for _, m in nt]) for nt in node_texts])
     return {

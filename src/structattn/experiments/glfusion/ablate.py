@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from structattn.engine import config_to_dict, json_safe
+from structattn.engine.config import default_config
 from structattn.errors import ConfigError, RunError
 
 from ..stats import paired_difference
 from ..sweep import SweepRun, run_sweep
 from .baselines import LABEL_BASELINES
-from .config import load_glfusion
+from .config import GLFusionTrainConfig, load_glfusion
 from .report import ablation_table
 from .run import train_glfusion
 
@@ -27,6 +28,7 @@ GLFUSION_ABLATIONS: dict[str, dict[str, Any]] = {
     "no-cross-attention": {"cross_attention_layers": []},
     "gnn-head-only": {"heads": "gnn"},
     "lm-head-only": {"heads": "lm"},
+    "edge-texts": {"edge_texts": True},  # edge features from the edge texts, not one embedding
 }
 
 
@@ -49,7 +51,9 @@ def _sweep_run(root: Path, variant: str, seed: int, config, preset, overrides, p
         return result
 
     label = f"[glfusion ablate] {variant} seed {seed}"
-    return SweepRun((variant, seed), run_dir, label, train_it, lambda: config_to_dict(resolved()))
+    defaults = default_config(GLFusionTrainConfig)
+    return SweepRun((variant, seed), run_dir, label, train_it, lambda: config_to_dict(resolved()),
+                    defaults)  # fmt: skip
 
 
 def _collect_runs(root: Path, variants, seeds, train_missing: bool, **train) -> dict:

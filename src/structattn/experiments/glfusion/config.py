@@ -77,6 +77,9 @@ class GLFusionTrainConfig(RunConfig):
     max_nodes: int = 8  # node cap of a subgraph (target included)
     text_tokens: int = 32  # node-text tokens kept by the encoder
     show_neighbour_labels: bool = True  # train-split neighbours show their label (never target)
+    # the graph's edge texts, encoded like node texts, as message-passing edge features
+    # (false: one learned edge embedding shared by every edge)
+    edge_texts: bool = False
     lora_r: int = 8  # LoRA rank
     lora_alpha: int = 16  # LoRA alpha
     message_passing_layers: list[int] | None = None  # default every 4th from 0

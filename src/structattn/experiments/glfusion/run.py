@@ -11,10 +11,11 @@ from torch import Tensor, nn
 
 from structattn.data.graphs import TextAttributedGraph
 from structattn.engine import Experiment, FitResult, json_safe
+from structattn.errors import ConfigError
 from structattn.glfusion.configuration import GLFusionConfig
 from structattn.glfusion.loading import EncodingCache
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
-from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids
+from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids, mean_pool
 from structattn.utils.fingerprint import fingerprint
 
 from .baselines import run_baselines
@@ -49,6 +50,7 @@ def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int)
         message_passing_norm=cfg.message_passing_norm,
         target_marker=cfg.target_marker,
         lm_loss_weight=0.0 if cfg.heads == "gnn" else 1.0,
+        edge_dim=text_dim if cfg.edge_texts else 0,  # edge texts share the node-text encoder
     )
     model = apply_lora(
         GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer),
@@ -93,6 +95,10 @@ class NodeClassification(Experiment):
         if self.graph is not None and self.engine.is_main:
             self.graph.save(cfg.graph_path)
         self.graph = self.graph if self.graph is not None else load_graph(cfg)
+        if cfg.edge_texts and self.graph.edge_texts is None:
+            raise ConfigError(
+                f"edge_texts: true, but the graph {self.graph.name} has no edge texts"
+            )
         (base, tokenizer), (enc_model, enc_tok) = load_models(cfg, self._llm, self._encoder)
         self.model = build_model(cfg, self.graph, base, tokenizer, enc_model.config.hidden_size)
         self.targets = split_targets(self.graph, cfg)
@@ -101,7 +107,7 @@ class NodeClassification(Experiment):
             for s, ts in self.targets.items()
         }
         texts = list(dict.fromkeys(t for exs in self.examples.values() for ex in exs
-                                   for t in ex.texts))  # fmt: skip
+                                   for t in (*ex.texts, *(ex.edge_texts or ()))))  # fmt: skip
         # One content-keyed cache per encoder folder, shared by runs: a text, encoder or length
         # that changed can never be paired with a stale encoding.
         self.cache: EncodingCache = encoding_cache(cfg, enc_model, enc_tok)
@@ -113,6 +119,8 @@ class NodeClassification(Experiment):
         """The graph (texts, labels, edges, splits) and the targets sampled from it."""
         g = self.graph
         parts = (g.node_texts, g.labels, g.label_names, g.edge_index, g.splits, self.targets)
+        if self.cfg.edge_texts:
+            parts += (g.edge_texts,)
         return {"source": g.source, "sha256": fingerprint(*parts)}
 
     def build_model(self) -> GLFusionForCausalLM:
@@ -172,8 +180,7 @@ class NodeClassification(Experiment):
         exs = self.examples.values()
         universe = sorted({int(v) for split in exs for ex in split for v in ex.nodes})
         enc, mask = self.cache.get([self.graph.node_texts[v] for v in universe], progress=progress)
-        m = mask.unsqueeze(-1).float()
-        pooled = (enc.float() * m).sum(1) / m.sum(1).clamp_min(1)
+        pooled = mean_pool(enc, mask)
         cfg = self.cfg
         return run_baselines(self.graph, universe, pooled, self.targets, cfg.baseline_epochs,
                              cfg.seed, self.examples, cfg.show_neighbour_labels)  # fmt: skip

@@ -54,6 +54,7 @@ def prompt_examples(
             seed=cfg.seed,
             show_neighbour_labels=cfg.show_neighbour_labels,
             train_nodes=train_nodes,
+            edge_texts=cfg.edge_texts,
         )
         for v in nodes
     ]

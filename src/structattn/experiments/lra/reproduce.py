@@ -26,14 +26,14 @@ from typing import Any
 
 from structattn.data import TASKS, load_task
 from structattn.engine import RunDir, config_to_dict, json_safe
-from structattn.engine.config import merge_overrides
+from structattn.engine.config import default_config, merge_overrides
 from structattn.errors import ConfigError
 
 from ..stats import mean_std, paired_difference
 from ..sweep import SweepRun, check_rates, run_sweep, tune_lr
 from ..tables import comparison_table, mean_std_cell, verdict
 from .baselines import shallow_baselines
-from .config import load_lra
+from .config import LRAConfig, load_lra
 from .diagnose import diagnose
 from .experiment import build_model, train
 
@@ -145,7 +145,7 @@ class _Jobs:
         def config() -> dict:
             return config_to_dict(self.config(task, variant, seed, run_dir, lr)[0])
 
-        return SweepRun(key, run_dir, label, train_it, config)
+        return SweepRun(key, run_dir, label, train_it, config, default_config(LRAConfig))
 
 
 def _check_args(tasks, seeds, variants, lr_sweep) -> None:
