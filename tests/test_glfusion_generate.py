@@ -98,6 +98,12 @@ def test_sampling_is_seeded_and_eos_stops_a_row():
     stopped = model.generate(ids, mask, graph, max_new_tokens=6, eos_token_id=eos, pad_token_id=0)
     first = int((greedy[0] == eos).nonzero()[0])
     assert torch.all(stopped[0, first + 1 :] == 0)
+    # several stop ids (end of text, end of turn): the first of either stops the row
+    other = int(greedy[0, 3])
+    both = model.generate(ids, mask, graph, max_new_tokens=6, eos_token_id=[other, eos])
+    first = min(int((greedy[0] == t).nonzero()[0]) for t in (other, eos))
+    assert torch.equal(both[0, : first + 1], greedy[0, : first + 1])
+    assert torch.all(both[0, first + 1 :] == 0)
 
 
 def test_bad_input_is_named():

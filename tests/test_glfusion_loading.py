@@ -154,3 +154,34 @@ def test_default_gguf_llm_loads_and_caches(tmp_path):
     assert time.perf_counter() - start < 5.0  # well under the GGUF load
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     torch.testing.assert_close(cached(ids).logits, model(ids).logits)
+
+
+def test_build_glfusion_from_folders_and_the_stop_tokens(tmp_path):
+    """The one public builder: a local LLM folder and a sentence-encoder folder -> GL-Fusion with
+    the graph tokens, LoRA when asked, and an ``encode`` for node texts."""
+    from types import SimpleNamespace
+
+    from helpers import tiny_glfusion_models
+
+    from structattn.glfusion import GraphBatch, build_glfusion, stop_token_ids
+
+    (llm, tok), (enc, enc_tok) = tiny_glfusion_models(tmp_path)
+    llm.save_pretrained(tmp_path / "llm")
+    tok.save_pretrained(tmp_path / "llm")
+    enc.save_pretrained(tmp_path / "enc")
+    enc_tok.save_pretrained(tmp_path / "enc")
+    parts = build_glfusion(tmp_path / "llm", tmp_path / "enc", num_node_classes=3, lora_r=2,
+                           text_tokens=6)  # fmt: skip
+    assert parts.model.config.text_dim == enc.config.hidden_size == 16
+    assert hasattr(parts.model.base, "peft_config")  # LoRA on the frozen base
+    texts, masks = parts.encode(["alpha beta", "gamma"])
+    assert texts.shape == (2, 6, 16) and masks[0].sum() > masks[1].sum() > 0
+    graph = GraphBatch.from_graphs([texts], [torch.tensor([[0], [1]])], targets=[0])
+    graph.node_text_mask = masks
+    cfg = parts.model.config
+    ids = torch.tensor([[cfg.graph_start_id, cfg.node_id, cfg.node_id, cfg.graph_end_id, 5]])
+    out = parts.model.generate(ids, graph=graph, max_new_tokens=3)
+    assert out.shape == (1, 3)
+    chat = SimpleNamespace(eos_token_id=2, get_vocab=lambda: {"<|im_end|>": 7, "a": 3})
+    assert stop_token_ids(chat) == [2, 7]
+    assert stop_token_ids(SimpleNamespace(eos_token_id=None, get_vocab=dict)) == []

@@ -280,6 +280,20 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
     test_rows = predict_nodes(tmp_path / "run", test_nodes, llm=fresh_llm, encoder=encoder)
     hits = sum(r["predicted"] == r["true"] for r in test_rows) / 3
     assert abs(hits - results["heads"]["test"]["ensemble"]) < 1e-9
+    from structattn.experiments.glfusion import generate_about_node
+
+    texts = [
+        generate_about_node(
+            tmp_path / "run",
+            5,
+            "What is this node about?",
+            llm=tiny_glfusion_models(tmp_path)[0],
+            encoder=encoder,
+            max_new_tokens=4,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    assert isinstance(texts[0], str) and texts[0] == texts[1]  # greedy: the same text
     fresh_llm, _ = tiny_glfusion_models(tmp_path)
     rows = predict_nodes(tmp_path / "run", [0, 5, 47], llm=fresh_llm, encoder=encoder)
     assert [r["node"] for r in rows] == [0, 5, 47]

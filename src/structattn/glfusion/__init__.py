@@ -1,5 +1,6 @@
 """GL-Fusion (arXiv 2412.06849): graph-aware Llama with in-layer message passing."""
 
+from .build import GLFusionParts, build_glfusion, stop_token_ids
 from .configuration import GRAPH_TOKENS, GLFusionConfig
 from .cross_attention import GraphTextCrossAttention
 from .graph import GraphBatch
@@ -12,12 +13,15 @@ __all__ = [
     "GLFusionConfig",
     "GLFusionForCausalLM",
     "GLFusionOutput",
+    "GLFusionParts",
     "GraphBatch",
     "GraphTextCrossAttention",
     "NodeMessagePassing",
     "add_graph_tokens",
     "apply_lora",
+    "build_glfusion",
     "build_structure_mask",
     "node_position_ids",
+    "stop_token_ids",
     "to_additive_mask",
 ]

@@ -391,7 +391,7 @@ class GLFusionForCausalLM(nn.Module):
         do_sample: bool = False,
         temperature: float = 1.0,
         top_k: int = 0,
-        eos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
         pad_token_id: int = 0,
         seed: int | None = None,
         return_logits: bool = False,
@@ -404,8 +404,9 @@ class GLFusionForCausalLM(nn.Module):
         the prompt is recomputed. Prompts may be padded on either side (``attention_mask``).
 
         Returns the new tokens ``(B, N)`` (``pad_token_id`` after a sequence's
-        ``eos_token_id``), and with ``return_logits`` also the logits each was chosen from,
-        ``(B, N, vocab)``. Greedy unless ``do_sample`` (with ``temperature`` and ``top_k``);
+        ``eos_token_id``, one id or a list: the tokenizer's end-of-text and end-of-turn), and
+        with ``return_logits`` also the logits each was chosen from, ``(B, N, vocab)``.
+        Greedy unless ``do_sample`` (with ``temperature`` and ``top_k``);
         ``<graph_start>``, ``<node>`` and ``<graph_end>`` are never chosen.
         """
         from transformers import DynamicCache
@@ -430,6 +431,10 @@ class GLFusionForCausalLM(nn.Module):
         keys = mask.clone()
         tokens, chosen = [], []
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        stops = None
+        if eos_token_id is not None:
+            ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+            stops = torch.tensor(ids, dtype=torch.long, device=input_ids.device)
         for t in range(max_new_tokens):
             chosen.append(step_logits)
             # the graph's special tokens are never generated: a new <node> has no node
@@ -437,8 +442,8 @@ class GLFusionForCausalLM(nn.Module):
             tok = self._choose(allowed, do_sample, temperature, top_k, generator)
             tok = tok.masked_fill(done, pad_token_id)
             tokens.append(tok)
-            if eos_token_id is not None:
-                done = done | (tok == eos_token_id)
+            if stops is not None:
+                done = done | torch.isin(tok, stops)
             if t == max_new_tokens - 1 or bool(done.all()):
                 break
             keys = torch.cat([keys, torch.ones_like(keys[:, :1])], dim=-1)

@@ -39,6 +39,7 @@ from .evaluation import (
     head_accuracies,
     head_probabilities,
 )
+from .generate import generate_about_node
 from .groups import glfusion_param_groups
 from .label_baselines import baselines_over_seeds, baselines_table
 from .predict import predict_nodes
@@ -62,6 +63,7 @@ __all__ = [
     "encoding_cache",
     "evaluate_heads",
     "glfusion_param_groups",
+    "generate_about_node",
     "gnn_accuracy",
     "head_accuracies",
     "head_probabilities",

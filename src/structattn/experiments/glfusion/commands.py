@@ -17,11 +17,12 @@ from ..commands import PresetCommand, parse_command
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
 
-__all__ = ["COMMANDS", "Ablate", "Baselines", "Predict", "Train", "main"]
+__all__ = ["COMMANDS", "Ablate", "Baselines", "Generate", "Predict", "Train", "main"]
 
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
     "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] [--graph DIR] "
+    "| structattn glfusion generate RUN_DIR --node N --prompt TEXT [--graph DIR] "
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
     "| structattn glfusion baselines [--preset recipe] [--against ablations.json]"
 )
@@ -70,16 +71,9 @@ class Predict:
     top_k: int = 3  # labels listed per head, most probable first
 
     def run(self) -> None:
-        from structattn.data.graphs import TextAttributedGraph
-
         from .predict import predict_nodes
 
-        graph = None
-        if self.graph is not None:
-            try:
-                graph = TextAttributedGraph.load(self.graph)
-            except (ValueError, OSError) as err:
-                raise ConfigError(f"--graph {self.graph}: {err}") from None
+        graph = _graph(self.graph)
         for row in predict_nodes(self.run_dir, list(self.nodes), graph=graph, top_k=self.top_k):
             print(json.dumps(row))
 
@@ -114,6 +108,51 @@ class Ablate:
 
 
 @dataclass
+class Generate:
+    """Free text about a node: its subgraph in the prompt, your question after it, the run's
+    best model continuing until its tokenizer's end token."""
+
+    run_dir: tyro.conf.Positional[Path]  # a GL-Fusion run directory (with best/)
+    node: int  # the node the text is about (of --graph when given)
+    prompt: str = "Describe this node."  # the text after the graph
+    graph: Path | None = None  # a graph folder (TextAttributedGraph.save) with new nodes
+    max_new_tokens: int = 40  # tokens to generate at most
+    greedy: bool = False  # the most likely token every step instead of sampling
+    temperature: float = 0.8  # sampling temperature
+    top_k: int = 40  # sample from the k most likely tokens
+    seed: int = 0  # sampling seed
+
+    def run(self) -> None:
+        import math
+
+        from .generate import generate_about_node
+
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        text = generate_about_node(self.run_dir, self.node, self.prompt, _graph(self.graph),
+                                   max_new_tokens=self.max_new_tokens, do_sample=not self.greedy,
+                                   temperature=self.temperature, top_k=self.top_k,
+                                   seed=self.seed)  # fmt: skip
+        print(text)
+
+
+def _graph(path: Path | None):
+    """The graph folder a command names, or ``None``; a folder that is not a graph is one line."""
+    if path is None:
+        return None
+    from structattn.data.graphs import TextAttributedGraph
+
+    try:
+        return TextAttributedGraph.load(path)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"--graph {path}: {err}") from None
+
+
+@dataclass
 class Baselines:
     """Every baseline of a preset over seeds, on the targets, prompts and encodings the runs of
     those seeds use, without training GL-Fusion; with --against, the full model's ensemble of a
@@ -140,7 +179,8 @@ class Baselines:
         print(table)
 
 
-COMMANDS = {"train": Train, "predict": Predict, "ablate": Ablate, "baselines": Baselines}
+COMMANDS = {"train": Train, "predict": Predict, "generate": Generate, "ablate": Ablate,
+            "baselines": Baselines}  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -151,6 +191,7 @@ def main(argv: list[str]) -> None:
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
         Annotated[Train, tyro.conf.subcommand("train", default=train)],
         Annotated[Predict, tyro.conf.subcommand("predict")],
+        Annotated[Generate, tyro.conf.subcommand("generate")],
         Annotated[Ablate, tyro.conf.subcommand("ablate")],
         Annotated[Baselines, tyro.conf.subcommand("baselines")],
     ]

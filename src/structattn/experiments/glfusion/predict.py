@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from .evaluation import head_probabilities
 from .run import NodeClassification
 from .targets import prompt_examples
 
-__all__ = ["load_run_config", "predict_nodes"]
+__all__ = ["LoadedRun", "load_run", "load_run_config", "predict_nodes"]
 
 
 def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
@@ -47,6 +48,40 @@ def _ensemble_weight(run_dir: Path, cfg: GLFusionTrainConfig) -> float:
     return results.get("ensemble_weight", default)
 
 
+@dataclass
+class LoadedRun:
+    """A finished run's config, graph, best model (eval mode), tokenizer and encoding cache."""
+
+    cfg: GLFusionTrainConfig
+    graph: TextAttributedGraph
+    model: GLFusionForCausalLM
+    tokenizer: Any
+    cache: Any
+
+
+def load_run(run_dir, llm=None, encoder=None, graph=None) -> LoadedRun:
+    """The run at ``run_dir`` with its best weights; ``llm``/``encoder`` (``(model,
+    tokenizer)``) and ``graph`` default to what its config names. A graph whose label names are
+    not the run's is one error."""
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir)
+    graph = graph if graph is not None else load_graph(cfg)
+    base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
+    enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
+    try:
+        model = GLFusionForCausalLM.from_pretrained(run_dir / NodeClassification.BEST_MODEL, base)
+    except (ValueError, OSError) as err:  # a damaged or foreign best/ folder
+        raise RunError(f"{run_dir}: cannot load best/ ({err})") from None
+    model = model.eval()
+    classes = model.config.num_node_classes
+    if len(graph.label_names) != classes:
+        raise ConfigError(
+            f"the graph has {len(graph.label_names)} label names but the run's GNN head "
+            f"predicts {classes} classes: give a graph with the run's label names"
+        )
+    return LoadedRun(cfg, graph, model, tokenizer, encoding_cache(cfg, enc_model, enc_tok))
+
+
 def predict_nodes(
     run_dir: str | Path,
     node_ids: list[int],
@@ -65,32 +100,17 @@ def predict_nodes(
     be a new graph holding nodes the run never saw (their text and edges; a node outside the
     splits may be unlabelled, ``y = -1``, and its ``"true"`` is then ``None``); its label names
     must be the run's. ``top`` lists each head's ``top_k`` labels with their probabilities."""
-    run_dir = Path(run_dir)
-    cfg = load_run_config(run_dir)
-    graph = graph if graph is not None else load_graph(cfg)
+    run = load_run(run_dir, llm, encoder, graph)
+    cfg, graph, model, tokenizer = run.cfg, run.graph, run.model, run.tokenizer
     bad = [v for v in node_ids if not 0 <= int(v) < graph.num_nodes]
     if bad or not node_ids:
         raise ConfigError(f"node ids must be in 0..{graph.num_nodes - 1}, got {bad or node_ids}")
-    base, tokenizer = llm if llm is not None else load_llm(cfg.llm, dtype=LLM_DTYPES[cfg.llm_dtype])
-    enc_model, enc_tok = encoder if encoder is not None else load_text_encoder(cfg.encoder)
-    try:
-        model = GLFusionForCausalLM.from_pretrained(run_dir / NodeClassification.BEST_MODEL, base)
-    except (ValueError, OSError) as err:  # a damaged or foreign best/ folder
-        raise RunError(f"{run_dir}: cannot load best/ ({err})") from None
-    model = model.eval()
-    classes = model.config.num_node_classes
-    if len(graph.label_names) != classes:
-        raise ConfigError(
-            f"the graph has {len(graph.label_names)} label names but the run's GNN head "
-            f"predicts {classes} classes: give a graph with the run's label names"
-        )
     if top_k < 1:
         raise ConfigError(f"top_k must be >= 1, got {top_k}")
-    weight = _ensemble_weight(run_dir, cfg)
+    weight = _ensemble_weight(Path(run_dir), cfg)
     examples = prompt_examples(graph, node_ids, tokenizer, model.config, cfg)
-    cache = encoding_cache(cfg, enc_model, enc_tok)
     label_ids = label_token_ids(graph, tokenizer)
-    probs = head_probabilities(model, examples, cache.get, label_ids, batch_size)
+    probs = head_probabilities(model, examples, run.cache.get, label_ids, batch_size)
     out = []
     for i, v in enumerate(node_ids):
         mix = weight * probs["gnn"][i] + (1 - weight) * probs["lm"][i]
