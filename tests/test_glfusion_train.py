@@ -538,3 +538,27 @@ def test_edge_texts_become_edge_features_end_to_end(tmp_path):
     cfg = dataclasses.replace(cfg, run_dir=tmp_path / "bare")
     with pytest.raises(ConfigError, match="has no edge texts"):
         train_glfusion(cfg, progress=False, llm=llm, encoder=encoder, graph=bare)
+
+
+def test_resuming_with_another_python_graph_is_refused_and_keeps_the_saved_one(tmp_path):
+    import dataclasses
+
+    from structattn.data.graphs import TextAttributedGraph, read_wordnet_nouns
+    from structattn.errors import RunError
+
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    g = read_wordnet_nouns(tmp_path / "data" / "wordnet" / "data.noun", seed=0)
+    llm, encoder = tiny_glfusion_models(tmp_path)
+    cfg = tiny_cfg(tmp_path, {"max_steps": 2, "batch_size": 2, "eval_every": 1, "stop_at": 1},
+                   max_train=4, max_val=2, max_test=2, eval_batch_size=2, baseline_epochs=1,
+                   run_dir=tmp_path / "run")  # fmt: skip
+    assert "paused_at" in train_glfusion(cfg, progress=False, llm=llm, encoder=encoder, graph=g)
+    other = dataclasses.replace(g, node_texts=[t + " changed" for t in g.node_texts])
+    resumed = dataclasses.replace(
+        cfg, resume=True, train=dataclasses.replace(cfg.train, stop_at=None)
+    )
+    llm, encoder = tiny_glfusion_models(tmp_path)  # fresh models: the first run wrapped these
+    with pytest.raises(RunError, match="the data differs"):
+        train_glfusion(resumed, progress=False, llm=llm, encoder=encoder, graph=other)
+    saved = TextAttributedGraph.load(tmp_path / "run" / "graph")
+    assert saved.node_texts == g.node_texts  # the graph the checkpoints were trained on

@@ -257,3 +257,28 @@ def test_a_read_only_run_dir_is_one_error_before_data(data_dir, tmp_path):
     finally:
         run.chmod(0o755)
     assert not list(Path(data_dir).iterdir())  # refused before the data was built
+
+
+def test_a_section_changes_an_experiments_own_defaults_key_by_key():
+    from structattn.engine import build_dataclass
+    from structattn.experiments.lm import LMConfig
+
+    flat = build_dataclass(LMConfig, {"model": {"n_levels": 2}})  # an older file's flat key
+    nested = build_dataclass(LMConfig, {"model": {"hkt": {"stride": 3}}})
+    assert (flat.model.hkt.n_levels, flat.model.d_model, flat.model.causal) == (2, 128, True)
+    assert (nested.model.hkt.stride, nested.model.hkt.n_levels, nested.model.d_model) == (3, 3, 128)
+
+
+def test_overwrite_touches_nothing_in_a_folder_that_is_not_a_run(tmp_path):
+    folder = tmp_path / "mine"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "hf").mkdir()
+    assert RunDir(folder).clear() == [] and (folder / "hf").is_dir()
+
+
+def test_a_finished_run_of_an_earlier_version_reads_as_finished(tmp_path):
+    rd = RunDir(tmp_path)
+    (tmp_path / "results.json").write_text('{"heads": {}}')
+    assert rd.is_finished() and rd.read_final() == {"heads": {}}
+    (tmp_path / "final.json").write_text('{"steps": 3}')
+    assert rd.read_final() == {"steps": 3}

@@ -271,6 +271,16 @@ def _section_default(f: dataclasses.Field, tp: Any) -> dict[str, Any] | None:
     return None if same else plain(default)
 
 
+def _deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes``; nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = (
+            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
+    return out
+
+
 def build_dataclass(cls, values: dict, where: str = ""):
     """``cls(**values)`` with every value checked against its field type; errors name the key
     as ``where.key`` (nested dataclass sections included). A nested section that is missing or
@@ -295,7 +305,10 @@ def build_dataclass(cls, values: dict, where: str = ""):
                 continue
             default = _section_default(fields[key], tp)
             if default is not None and isinstance(value, dict):
-                value = {**default, **value}
+                hook = getattr(tp, "from_config_values", None)
+                if hook is not None:  # the given keys in their current form, then merged
+                    value = hook(value, f"{prefix}{key}")
+                value = _deep_merge(default, value)
         kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
     try:
         return cls(**kwargs)

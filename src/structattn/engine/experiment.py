@@ -110,9 +110,12 @@ class Experiment:
             return {"name": self.cfg.name, "paused_at": fit.step, "run_dir": str(engine.run_dir)}
         fit = _with_best_record(fit, engine.load_best(fit.model), engine)
         final = json_safe(self.report(fit.model, fit))
-        if engine.is_main:
-            plot_metrics(engine.dir, self.cfg.name)
         engine.write_json(engine.dir.FINAL, final)
+        if engine.is_main:
+            try:
+                plot_metrics(engine.dir, self.cfg.name)
+            except (OSError, ValueError, RuntimeError) as err:  # the results are already written
+                warnings.warn(f"curves.png not drawn ({err})", RuntimeWarning, stacklevel=2)
         return final
 
 

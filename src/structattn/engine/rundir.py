@@ -76,7 +76,7 @@ class RunDir:
     RESULT_FILES = (FINAL, "results.json", BEST, "best")
     #: What ``--overwrite`` removes: the files above and those the shipped experiments add.
     RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, CURVES, *RESULT_FILES,
-                 "hf", "samples.md", "results.md", "diagnostics", "graph")  # fmt: skip
+                 "hf", "samples.md", "results.md", "diagnostics")  # fmt: skip
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -118,20 +118,29 @@ class RunDir:
     def has_checkpoints(self) -> bool:
         return bool(checkpoint_dirs(self.checkpoints))
 
+    #: Where GL-Fusion runs of earlier versions wrote their results.
+    LEGACY_FINAL = "results.json"
+
+    def _final_file(self) -> Path:
+        legacy = self.file(self.LEGACY_FINAL)
+        return legacy if not self.final.is_file() and legacy.is_file() else self.final
+
     def is_finished(self) -> bool:
-        """The run ended and wrote its results (``final.json``)."""
-        return self.final.is_file()
+        """The run ended and wrote its results (``final.json``; ``results.json`` for GL-Fusion
+        runs of earlier versions)."""
+        return self._final_file().is_file()
 
     def read_final(self) -> dict[str, Any]:
         """The finished run's results; a missing or damaged file is a RunError naming it."""
+        path = self._final_file()
         try:
-            payload = json.loads(self.final.read_text())
+            payload = json.loads(path.read_text())
         except FileNotFoundError:
-            raise RunError(f"{self.final} not found: {self.path} is not a finished run") from None
+            raise RunError(f"{path} not found: {self.path} is not a finished run") from None
         except (ValueError, UnicodeDecodeError) as err:
-            raise RunError(f"{self.final} is damaged ({err}); remove it to retrain") from None
+            raise RunError(f"{path} is damaged ({err}); remove it to retrain") from None
         if not isinstance(payload, dict):
-            raise RunError(f"{self.final} does not hold a run's results")
+            raise RunError(f"{path} does not hold a run's results")
         return payload
 
     def read_config(self) -> dict[str, Any]:
@@ -266,6 +275,8 @@ class RunDir:
         import warnings
 
         if not self.path.is_dir():
+            return []
+        if not self.config.is_file():  # not a run folder: nothing here is a run's to remove
             return []
         removed = []
         for name in self.RUN_FILES:

@@ -166,14 +166,19 @@ def neighbour_vote(graph, examples: dict[str, list], show_labels: bool) -> dict[
 def label_propagation(data: BaselineData, alphas=(0.5, 0.9, 0.99)) -> dict[str, float]:
     """torch_geometric's ``LabelPropagation`` (3 layers) over the subgraph the prompts span,
     seeded with the training-split labels (targets' own labels included only for training
-    targets, which are never scored); ``alpha`` chosen on validation."""
+    targets, which are never scored); a target no label reaches gets the most frequent training
+    label, as in :func:`neighbour_vote`; ``alpha`` chosen on validation."""
     from torch_geometric.nn import LabelPropagation
 
     y = data.y.clamp_min(0)
+    prior = data.one_hot[data.train_mask].sum(0)  # training label counts
     best = None
     for alpha in alphas:
         out = LabelPropagation(num_layers=3, alpha=alpha)(y, data.edges, mask=data.train_mask)
-        acc = _accuracies(out.argmax(-1), data.y, data.idx)
+        pred = out.argmax(-1)
+        reached = out.sum(-1) > 0  # no training label within 3 hops: the majority class
+        pred = torch.where(reached, pred, prior.argmax())
+        acc = _accuracies(pred, data.y, data.idx)
         if best is None or acc["val"] > best["val"]:
             best = acc
     return best

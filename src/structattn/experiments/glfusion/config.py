@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Keys ``--resume`` lets change: the HKT experiments' set, with GL-Fusion's top-level data_dir.
-GLFUSION_RESUMABLE = (RESUMABLE_CHANGES - {"data.data_dir"}) | {"data_dir"}
+GLFUSION_RESUMABLE = (RESUMABLE_CHANGES - {"data.data_dir"}) | {"data_dir", "graph_path"}
 
 LLM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -31,8 +31,9 @@ def generate_about_node(
     top_k: int = 40,
     seed: int = 0,
 ) -> str:
-    """The continuation of ``prompt`` (text after the graph of ``node``'s subgraph, sampled as
-    the run samples it) by the run's best model; greedy unless ``do_sample``. Stops at the
+    """The continuation of ``prompt`` by the run's best model, the prompt being the graph of
+    ``node``'s subgraph (sampled as the run samples it) followed by ``prompt`` (not training's
+    classification instruction); greedy unless ``do_sample``. Stops at the
     tokenizer's end-of-text or end-of-turn token or after ``max_new_tokens``."""
     if not prompt.strip():
         raise ConfigError("prompt must be a non-empty text")

@@ -34,6 +34,10 @@ def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
     if not (rd.file(NodeClassification.BEST_MODEL) / "glfusion_config.json").is_file():
         raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
     values["resume"] = False
+    saved = rd.file(NodeClassification.GRAPH)
+    graph_path = values.get("graph_path")
+    if values.get("dataset") == "file" and saved.is_dir() and not Path(str(graph_path)).is_dir():
+        values["graph_path"] = str(saved)  # the run folder moved: its own copy of the graph
     try:
         return build_glfusion_config(values)
     except ConfigError as err:

@@ -85,14 +85,16 @@ class NodeClassification(Experiment):
         """A graph given from Python is saved into the run folder and the config records it
         (``dataset: file``, ``graph_path``), so every command works on the run."""
         if self.graph is not None:
-            path = self.cfg.resolved_run_dir() / self.GRAPH
+            path = (self.cfg.resolved_run_dir() / self.GRAPH).resolve()
             self.cfg = dataclasses.replace(self.cfg, dataset="file", graph_path=path)
         return super().make_engine()
 
     def build_data(self) -> None:
         """Graph, models, targets and prompts; every node text encoded once (cached)."""
         cfg = self.cfg
-        if self.graph is not None and self.engine.is_main:
+        # a fresh run saves the graph it is given; a resumed one keeps the saved copy (the data
+        # check refuses another graph before anything else is written)
+        if self.graph is not None and self.engine.is_main and not cfg.resume:
             self.graph.save(cfg.graph_path)
         self.graph = self.graph if self.graph is not None else load_graph(cfg)
         if cfg.edge_texts and self.graph.edge_texts is None:
