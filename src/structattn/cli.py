@@ -22,7 +22,6 @@ traceback.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ import tyro
 from structattn.data.tasks import TaskSpec
 from structattn.engine.config import load_config, preset_names
 from structattn.errors import ConfigError, UserError
-from structattn.experiments.commands import PresetCommand, parse_command
+from structattn.experiments.commands import PresetCommand, check_sampling, parse_command
 from structattn.experiments.lm.config import LMConfig
 from structattn.experiments.lra.config import LRAConfig, load_lra
 from structattn.hkt.model import ModelConfig
@@ -302,12 +301,7 @@ class Generate:
     def run(self) -> None:
         from structattn.experiments.lm import generate_text, load_lm
 
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature must be a finite number > 0, got {self.temperature}")
-        if self.top_k < 1:
-            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k)
         model = load_lm(self.run_dir)
         texts = generate_text(
             model,

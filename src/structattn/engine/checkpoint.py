@@ -32,6 +32,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from structattn.utils.files import atomic_path
+
 __all__ = [
     "atomic_save_weights",
     "atomic_write_text",
@@ -77,32 +79,14 @@ def atomic_save_weights(
 ) -> None:
     """Write ``model``'s weights (``only_trainable``: just those that require grad) to ``path``
     (safetensors, with ``metadata`` in its header) through a temporary file + rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(_saved_weights(model, only_trainable), tmp, metadata=metadata)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        save_file(_saved_weights(model, only_trainable), str(tmp), metadata=metadata)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file + rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        f.write(text)
 
 
 def _tied_names(model: nn.Module) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import sys
 from typing import Any, ClassVar
 
@@ -13,7 +14,17 @@ import tyro
 from structattn.engine.config import find_config, load_config, preset_from_args
 from structattn.errors import ConfigError
 
-__all__ = ["PresetCommand", "parse_command"]
+__all__ = ["PresetCommand", "check_sampling", "parse_command"]
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int) -> None:
+    """The generation flags every ``generate`` command takes, checked before anything loads."""
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"temperature must be a finite number > 0, got {temperature}")
+    if top_k < 1:
+        raise ConfigError(f"top_k must be >= 1, got {top_k}")
 
 
 class PresetCommand:

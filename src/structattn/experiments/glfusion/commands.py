@@ -13,7 +13,7 @@ import tyro
 from structattn.engine.config import load_preset, preset_names
 from structattn.errors import ConfigError
 
-from ..commands import PresetCommand, parse_command
+from ..commands import PresetCommand, check_sampling, parse_command
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
 
@@ -123,16 +123,9 @@ class Generate:
     seed: int = 0  # sampling seed
 
     def run(self) -> None:
-        import math
-
         from .generate import generate_about_node
 
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature must be a finite number > 0, got {self.temperature}")
-        if self.top_k < 1:
-            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k)
         text = generate_about_node(self.run_dir, self.node, self.prompt, _graph(self.graph),
                                    max_new_tokens=self.max_new_tokens, do_sample=not self.greedy,
                                    temperature=self.temperature, top_k=self.top_k,
