@@ -40,8 +40,9 @@ bench-decode: $(STAMP)  ## streaming decoding, HKT vs MHA with a KV cache, T = 1
 	mkdir -p results/bench
 	$(PY) benchmarks/decode.py --threads 1 --repeats 5 --new-tokens 64 --json results/bench/decode.json
 
-bench-layer: $(STAMP)  ## the HKT layer and a ListOps training step against MHA, with profiles (about 4 min)
-	$(PY) benchmarks/attention.py --sections layer step --layer-seq-lens 1024 4096
+bench-layer: $(STAMP)  ## HKT attention vs SDPA, the HKT layer and a ListOps training step against MHA, float32 and bfloat16, small batches, with profiles (about 15 min)
+	$(PY) benchmarks/attention.py --sections kernel layer step --layer-seq-lens 1024 4096 \
+		--precisions float32 bfloat16 --step-extra 512x8 1024x4
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

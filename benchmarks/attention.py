@@ -91,12 +91,16 @@ class Args:
     out_dir: Path = Path("results/bench")  # where attention.json / .md / .png go
     seed: int = 0  # input seed
     extra: dict[str, str] = field(default_factory=dict)  # free-form notes copied to the JSON
-    sections: tuple[Literal["attention", "layer", "step"], ...] = ("attention",)  # what to run
+    # what to run
+    sections: tuple[Literal["attention", "kernel", "layer", "step"], ...] = ("attention",)
+    kernel_cases: tuple[str, ...] = ("8x4x1024x32", "2x4x4096x64")  # kernel section: BxHxTxd
+    precisions: tuple[Literal["float32", "bfloat16"], ...] = ("float32",)  # layer / step sections
     layer_seq_lens: tuple[int, ...] = (4096,)  # layer section: T
     layer_d_model: int = 256  # layer section: width D (head dim D / heads)
     layer_batch: int = 2  # layer section: B
     step_seq_lens: tuple[int, ...] = (512, 1024)  # step section: T
     step_batch: int = 32  # step section: B (the paper's batch)
+    step_extra: tuple[str, ...] = ()  # step section: more TxB cases (small batches: 512x8 1024x4)
     section_repeats: int = 7  # layer / step sections: timed rounds (medians reported)
 
     def resolve(self) -> Args:
@@ -361,11 +365,21 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-LAYER_TARGET, STEP_TARGET, STEP_MEM_TARGET = 1.25, 1.3, 1.5
+LAYER_TARGET, STEP_TARGET, STEP_MEM_TARGET, KERNEL_TARGET = 1.25, 1.3, 1.5, 1.0
+
+
+def _dims(text: str, n: int, flag: str) -> list[int]:
+    """``"8x4x1024x32"`` -> ``[8, 4, 1024, 32]`` (``n`` positive integers), or a one-line
+    error naming ``flag``."""
+    parts = text.lower().split("x")
+    if len(parts) != n or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"attention benchmark: error: {flag} takes {n} positive integers "
+                         f"joined by 'x', got {text!r}")  # fmt: skip
+    return [int(p) for p in parts]
 
 
 def run_sections(args: Args) -> dict[str, dict]:
-    """The ``layer`` and ``step`` sections named in ``args.sections`` (CPU, float32)."""
+    """The ``kernel``, ``layer`` and ``step`` sections named in ``args.sections`` (CPU)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import layer_step as ls
 
@@ -374,6 +388,13 @@ def run_sections(args: Args) -> dict[str, dict]:
     out = {}
     env = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "processor": platform.processor() or platform.machine()}  # fmt: skip
+    if "kernel" in args.sections:
+        cases = [_dims(c, 4, "--kernel-cases") for c in args.kernel_cases]
+        section = ls.kernel_section(cases, (args.levels or (3,))[-1], args.section_repeats,
+                                    args.seed)  # fmt: skip
+        section.update(target_ratio=KERNEL_TARGET, environment=env,
+                       markdown=ls.kernel_markdown(section, KERNEL_TARGET))  # fmt: skip
+        out["kernel"] = section
     if "layer" in args.sections:
         rows = ls.layer_section(
             args.layer_seq_lens,
@@ -383,11 +404,14 @@ def run_sections(args: Args) -> dict[str, dict]:
             args.layer_batch,
             args.section_repeats,
             args.seed,
+            args.precisions,
         )
         out["layer"] = {"rows": rows, "target_ratio": LAYER_TARGET, "environment": env,
                         "markdown": ls.to_markdown("layer", rows, LAYER_TARGET, None)}  # fmt: skip
     if "step" in args.sections:
-        rows = ls.step_section(args.step_seq_lens, args.step_batch, args.section_repeats, args.seed)
+        extra = [tuple(_dims(c, 2, "--step-extra")) for c in args.step_extra]
+        rows = ls.step_section(args.step_seq_lens, args.step_batch, args.section_repeats,
+                               args.seed, args.precisions, extra)  # fmt: skip
         out["step"] = {
             "rows": rows,
             "target_ratio": STEP_TARGET,

@@ -136,6 +136,79 @@ def test_cpp_float32_matches_float64_reference(T, n_levels, stride, causal):
         assert err(g, rg) <= 4 * err(fg, rg) + 256 * eps * scale
 
 
+# Awkward shapes for the reduced-precision kernel: odd head dims (the GEMM's K is padded to even),
+# T = 1, ragged tiles, stride 3, one to four levels, bidirectional, padded keys.
+LOWP_CASES = [
+    # T, L, s, d, d_v, causal, padded, tiles
+    (1, 3, 2, 4, 4, True, False, None),
+    (37, 3, 2, 5, 7, True, True, (8, 16)),
+    (64, 3, 2, 16, 16, True, False, None),
+    (100, 2, 3, 8, 3, False, True, (9, 18)),
+    (130, 4, 2, 16, 8, False, False, (16, 32)),
+    (300, 1, 2, 33, 17, True, True, None),
+    (513, 3, 2, 32, 32, True, True, None),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("T", "L", "stride", "d", "d_v", "causal", "padded", "tiles"), LOWP_CASES)
+def test_cpp_reduced_precision_within_twice_sdpa(dtype, T, L, stride, d, d_v, causal, padded,
+                                                 tiles):  # fmt: skip
+    """bfloat16 / float16 inputs (the batch-reduce GEMM kernel where this CPU runs it, else
+    float32 compute): the error against the float64 reference on the same (rounded) inputs is
+    at most twice SDPA's in the same dtype, for the output and every gradient (q, k and v of
+    every level, the level logits) -- the test flash-attention applies to reduced precision."""
+    require("fused_cpp")
+    # 16 heads, so that each tensor's largest error is a stable statistic, not one element's luck
+    q, k, v, theta, mask = make_inputs(T, L, stride, B=4, H=4, d=d, d_v=d_v, padded=padded,
+                                       seed=T + d)  # fmt: skip
+    low = [[x.to(dtype) for x in q], [x.to(dtype) for x in k], v.to(dtype), theta.to(dtype)]
+    same = [[x.double() for x in low[0]], [x.double() for x in low[1]], low[2].double(),
+            low[3].double()]  # fmt: skip
+    ref_out, ref_grads = _reference(*same, mask, stride, causal)
+    kw = {} if tiles is None else {"tile_q": tiles[0], "tile_k": tiles[1]}
+    out, grads = _run(ck.cpp_hkt_attention, *low, mask, stride, causal, **kw)
+    low = [[x.detach() for x in low[0]], [x.detach() for x in low[1]], low[2].detach(),
+           low[3].detach()]  # fmt: skip
+    sd_out, sd_grads = _run(ATTENTION_IMPLS["sdpa"], *low, mask, stride, causal)
+    assert out.dtype == dtype
+
+    def err(a, b):
+        return (a.double() - b).abs().max().item()
+
+    def resolution(ref):  # one unit in the last place of the tensor's largest value
+        return torch.finfo(dtype).eps * ref.abs().max().item()
+
+    names = ["out", *(f"dq{l}" for l in range(L)), *(f"dk{l}" for l in range(L)), "dv", "dtheta"]
+    for name, g, sg, rg in zip(names, [out, *grads], [sd_out, *sd_grads], [ref_out, *ref_grads]):
+        # below the dtype's resolution twice SDPA's error is not a meaningful bound (the level
+        # logits' gradient has only H x L elements, each off by rounding alone)
+        assert err(g, rg) <= max(2 * err(sg, rg), resolution(rg)), name
+
+
+def test_lowp_route_is_the_kernel_that_runs():
+    """lowp_route names what the kernel does with bfloat16 / float16: the reduced-precision
+    kernel (float32 log-sum-exp, outputs in the input dtype) or, where this CPU's batch-reduce
+    GEMM does not run the dtype, a refusal that sends the inputs to float32."""
+    require("fused_cpp")
+    q, k, v, theta, _ = make_inputs(40, 3, 2, d=8, d_v=8)
+    lam = torch.softmax(theta, -1).float()
+    for dtype in (torch.bfloat16, torch.float16):
+        route = ck.lowp_route(dtype)
+        assert route in ("brgemm-amx", "brgemm-avx512", "float32")
+        args = ([x.to(dtype) for x in q], [x.to(dtype) for x in k], v.to(dtype), lam, None, True,
+                2, 0.5, 16, 16)  # fmt: skip
+        if route == "float32":
+            with pytest.raises(RuntimeError, match="batch-reduce GEMM"):
+                ext.cpu_kernel().forward(*args)
+        else:
+            out, lse = ext.cpu_kernel().forward(*args)
+            assert out.dtype == dtype and lse.dtype == torch.float32
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        assert ck.lowp_route(torch.bfloat16) != "float32"
+    assert ck.lowp_route(torch.float32) == "float32"
+
+
 def test_cpp_is_deterministic():
     require("fused_cpp")
     q, k, v, theta, mask = make_inputs(300, 3, 2, B=2, H=3, d=8, padded=True)

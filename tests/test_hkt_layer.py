@@ -185,6 +185,63 @@ def test_layer_runs_in_low_precision_and_backpropagates(dtype):
     assert layer.level_logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_layers_decide_nothing_from_data_on_the_meta_device(causal):
+    """No host synchronisation inside the layers' forward and backward: on the ``meta`` device
+    every data-dependent host decision (``bool(tensor)``, ``.item()``, ``.tolist()``) raises, so
+    the SDPA paths of HKTAttention and of the MHA twin must run there, masked or not."""
+    from structattn.hkt import MultiHeadAttention
+
+    cfg = HKTConfig(d_model=16, n_heads=4, n_levels=3, stride=2, causal=causal, impl="sdpa")
+    with torch.device("meta"):
+        layers = [HKTAttention(cfg), MultiHeadAttention(16, 4, causal)]
+        x = torch.randn(2, 37, 16, requires_grad=True)
+        mask = torch.ones(2, 37, dtype=torch.bool)
+    for layer in layers:
+        hinted = {"key_padding_mask": mask, "right_padded": True}
+        for kw in ({}, {"key_padding_mask": mask}, hinted):
+            y = layer(x, **kw)
+            assert y.shape == (2, 37, 16) and y.device.type == "meta"
+            y.sum().backward()
+            assert all(p.grad is not None for p in layer.parameters())
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "fused_cpp"])
+def test_right_padded_hint_changes_no_value(impl):
+    """``right_padded`` picks the causal SDPA path without reading the mask; both paths (and
+    a wrong ``False``, the path exact for any padding) give the same outputs."""
+    from structattn.hkt import MultiHeadAttention
+
+    layer = make_layer(impl=impl)
+    mha = MultiHeadAttention(16, 4, causal=True).double()
+    x = _randn(3, 29, 16)
+    mask = torch.arange(29)[None] < torch.tensor([29, 11, 1])[:, None]  # right-padded
+    for m in (layer, mha):
+        base = m(x, key_padding_mask=mask)
+        for hint in (True, False):
+            torch.testing.assert_close(m(x, key_padding_mask=mask, right_padded=hint), base)
+
+
+def test_models_read_the_mask_layout_once_not_per_layer(monkeypatch):
+    """The encoder reads the padding layout once per forward pass and hands it to every
+    layer, so no layer reads a mask back (the check inside the SDPA call is never reached)."""
+    from structattn.hkt import ModelConfig
+    from structattn.hkt.kernels import sdpa as sdpa_module
+    from structattn.hkt.model import CausalLM
+
+    calls = []
+    real = sdpa_module.is_right_padded
+    monkeypatch.setattr(sdpa_module, "is_right_padded", lambda m: calls.append(1) or real(m))
+    for attention in ("hkt", "mha"):
+        cfg = ModelConfig(vocab_size=11, max_len=32, d_model=16, n_layers=3,
+                          n_heads=4, attention=attention, causal=True, dropout=0.0)  # fmt: skip
+        model = CausalLM(cfg).eval()
+        tokens = torch.randint(1, 11, (2, 20))
+        mask = torch.arange(20)[None] < torch.tensor([20, 7])[:, None]
+        model(tokens, mask)
+    assert calls == []
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -270,8 +327,9 @@ def test_causal_depthwise_conv_is_the_left_padded_conv1d(T, stride, kernel, path
 
 
 def test_compiled_conv_runs_where_expected_and_keeps_nan(monkeypatch):
-    """The compiled convolution is what float32/float64 CPU layers run (counted), float16 and
-    ``cpp=False`` use conv2d; NaN and inf inputs give what conv2d gives."""
+    """The compiled convolution is what CPU layers run (counted): float32 / float64 in their
+    dtype, bfloat16 / float16 (autocast's projections) in float32, cast back; ``cpp=False``
+    uses conv2d. NaN and inf inputs give what conv2d gives."""
     from structattn.hkt import CausalDepthwiseConv
     from structattn.hkt import downsample as ds
     from structattn.hkt.kernels.extension import cpu_kernel
@@ -284,18 +342,22 @@ def test_compiled_conv_runs_where_expected_and_keeps_nan(monkeypatch):
     conv = CausalDepthwiseConv(4, 3, 2)
     conv(torch.randn(1, 9, 4))
     assert len(calls) == 1
-    conv.to(torch.bfloat16)(torch.randn(1, 9, 4, dtype=torch.bfloat16))
-    assert len(calls) == 1
-    conv.float()
+    xb = torch.randn(2, 9, 4, dtype=torch.bfloat16, requires_grad=True)
+    got_b = conv(xb)  # float32 weights, a bfloat16 input (as under autocast)
+    assert len(calls) == 2 and got_b.dtype == torch.bfloat16
+    got_b.float().sum().backward()
+    assert xb.grad.dtype == torch.bfloat16 and conv.conv.weight.grad.dtype == torch.float32
     x = torch.randn(2, 9, 4)
     x[0, 3, 1] = float("nan")
     x[1, 5, 2] = float("inf")
     got = conv(x)
     monkeypatch.setattr(CausalDepthwiseConv, "cpp", False)
     ref = conv(x)
-    assert len(calls) == 2
+    ref_b = conv(xb.detach().float()).to(torch.bfloat16)  # conv2d in float32, rounded once
+    assert len(calls) == 3
     assert torch.equal(got.isnan(), ref.isnan())
     torch.testing.assert_close(got, ref, equal_nan=True)
+    torch.testing.assert_close(got_b, ref_b, rtol=0, atol=0)
 
 
 def test_fixed_level_weights_stay_uniform_and_are_not_parameters():

@@ -187,8 +187,11 @@ class HKTAttention(nn.Module):
         x: Tensor,
         key_padding_mask: Tensor | None = None,
         cache: HKTLayerCache | None | _EmptySlot = None,
+        right_padded: bool | None = None,
     ) -> Tensor | tuple[Tensor, HKTLayerCache]:
-        """``x (B, T, D) -> (B, T, D)``.
+        """``x (B, T, D) -> (B, T, D)``. ``right_padded``: the caller's word on the mask's
+        layout (see :func:`~structattn.hkt.hkt_attention`); the forward and backward passes read
+        nothing back from a non-CPU device.
 
         With ``cache`` (causal layers only): an empty slot (:data:`EMPTY`) runs the prompt (the
         prefill; padding must be on the right) and returns ``(y, cache)``; an
@@ -228,6 +231,7 @@ class HKTAttention(nn.Module):
             key_padding_mask=key_padding_mask,
             impl=cfg.impl,
             dropout_p=cfg.attn_dropout if self.training else 0.0,
+            right_padded=right_padded,
         )  # (B, H, T, d)
         conv = self.conv(v_flat) if cfg.hybrid else None
         y = self._output(o.transpose(1, 2).reshape(B, T, D), conv)

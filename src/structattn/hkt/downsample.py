@@ -23,10 +23,13 @@ __all__ = ["CausalDownsample", "CausalDepthwiseConv"]
 
 
 def _conv_kernel(x: Tensor):
-    """The compiled convolution for ``x`` (CPU, float32 or float64, not under tracing or
-    compilation, :attr:`CausalDepthwiseConv.cpp` True), or None."""
+    """The compiled convolution for ``x`` (CPU, float32 or float64 -- bfloat16 / float16 are
+    computed in float32 --, not under tracing or compilation, :attr:`CausalDepthwiseConv.cpp`
+    True), or None."""
     if not CausalDepthwiseConv.cpp or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return None
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return cpu_kernel_for(x.new_empty(0, dtype=torch.float32))
     return cpu_kernel_for(x)
 
 
@@ -51,6 +54,10 @@ class _CompiledCausalConv(torch.autograd.Function):
         x, w = ctx.saved_tensors
         gx, gw, gb = ctx.kernel.causal_dwconv_backward(x, w, grad, ctx.stride)
         return gx, gw.view(w.shape[0], 1, w.shape[1]), gb if ctx.has_bias else None, None, None
+
+
+def _bias(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if bias is None else bias.to(dtype)
 
 
 class CausalDepthwiseConv(nn.Module):
@@ -89,9 +96,13 @@ class CausalDepthwiseConv(nn.Module):
             return x.new_zeros(x.shape[0], 0, x.shape[2])
         kernel = _conv_kernel(x)
         if kernel is not None:
-            return _CompiledCausalConv.apply(
-                x, self.conv.weight, self.conv.bias, self.stride, kernel
-            )
+            dtype = x.dtype  # a reduced dtype (bfloat16 autocast) is computed in float32
+            work = x if dtype in (torch.float32, torch.float64) else x.float()
+            y = _CompiledCausalConv.apply(
+                work, self.conv.weight.to(work.dtype), _bias(self.conv.bias, work.dtype),
+                self.stride, kernel,
+            )  # fmt: skip
+            return y.to(dtype)
         B, T, D = x.shape
         K, s = self.kernel_size, self.stride
         # (B, T, D) memory is (B, D, 1, T) in channels-last layout: the depthwise kernel reads it

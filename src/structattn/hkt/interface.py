@@ -17,9 +17,11 @@ Padding convention: ``key_padding_mask`` is ``(B, T)`` bool, True = real token. 
 never attended to and the outputs at padded query positions are exactly 0.
 
 Host synchronisation: the checks of the weights' values and the finiteness test that sends odd
-input to the ``sdpa`` path read one small tensor back from CPU tensors, once per call; on any
-other device they are skipped (no device synchronisation; the kernels' own arithmetic then
-decides NaN outputs).
+input to the ``sdpa`` path read one small tensor back from CPU tensors, once per call, and so
+does the padding layout of a causal call with a mask; on any other device nothing is read back
+(no device synchronisation: the kernels' own arithmetic decides NaN outputs, and the padding
+layout is the caller's ``right_padded`` or the path exact for any padding). A test runs the
+layer on the ``meta`` device, where any data-dependent host decision fails.
 """
 
 from __future__ import annotations
@@ -193,9 +195,10 @@ def _check_values(lam: Tensor, inputs: Sequence[Tensor] | None, check_lam: bool)
             ((lam.sum(-1) - 1).abs() > tol).any(),
         ]
     if inputs is not None:  # one reduction per tensor
-        sums = [
-            t.detach().sum(dtype=torch.float32 if t.element_size() < 4 else None) for t in inputs
-        ]
+        # float16 sums overflow at 65504, so they are taken in float32 (a converting pass);
+        # bfloat16 has float32's range and sums in place
+        sums = [t.detach().sum(dtype=torch.float32 if t.dtype == torch.float16 else None)
+                for t in inputs]  # fmt: skip
         flags.append(torch.isfinite(torch.stack([x.float() for x in sums]).sum()))
     if not flags:
         return True
@@ -222,6 +225,7 @@ def hkt_attention(
     scale: float | None = None,
     impl: str = "auto",
     dropout_p: float = 0.0,
+    right_padded: bool | None = None,
 ) -> Tensor:
     """Hierarchical kernel attention over ``L`` resolution levels.
 
@@ -245,6 +249,10 @@ def hkt_attention(
             ``"fused_torch"`` (the PyTorch tile loop) or ``"reference"`` (materialised
             ``T x T``). The blockwise kernels do not implement ``dropout_p``.
         dropout_p: dropout on the attention probabilities (default 0).
+        right_padded: the caller's word that every row of ``key_padding_mask`` is real
+            tokens followed by padding (the ``sdpa`` path then keeps the causal flash kernel in
+            O(T) memory). None (default): read from a CPU mask; never read from a mask on
+            another device (see the host synchronisation note above).
 
     Every implementation gives the reference's answer on odd input too: NaN or infinity in
     ``q``, ``k`` or ``v`` reaches the same outputs as in the reference (the blockwise kernels
@@ -270,8 +278,11 @@ def hkt_attention(
         inputs = [*q, *k, v, lam] if name in BLOCKWISE else None
         if not _check_values(weights, inputs, check_lam=not torch.compiler.is_compiling()):
             name = "sdpa"  # the kernels' online softmax would drop NaN keys and zero NaN rows
+    # the padding hint goes to the one path that reads the mask's layout (only when given, so
+    # that the registry's nine-argument contract holds otherwise)
+    extra = {"right_padded": right_padded} if name == "sdpa" and right_padded is not None else {}
     out = ATTENTION_IMPLS[name](
-        list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p
+        list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p, **extra
     )
     if key_padding_mask is not None:
         out = out.masked_fill(~key_padding_mask[:, None, :, None], 0.0)

@@ -179,10 +179,12 @@ class MultiHeadAttention(nn.Module):
         x: Tensor,
         key_padding_mask: Tensor | None = None,
         cache: KVLayerCache | None | object = None,
+        right_padded: bool | None = None,
     ) -> Tensor | tuple[Tensor, KVLayerCache]:
         """``x (B, T, D) -> (B, T, D)``; with ``cache`` as for :class:`HKTAttention`: ``EMPTY``
         runs the (right-padded) prompt and returns ``(y, cache)``, a :class:`KVLayerCache`
-        takes ``x`` as the next tokens and returns ``(y, cache)``."""
+        takes ``x`` as the next tokens and returns ``(y, cache)``. ``right_padded``: as for
+        :func:`~structattn.hkt.masked_sdpa`."""
         if cache is not None and not self.causal:
             raise ValueError("a bidirectional attention layer cannot decode (causal=False)")
         if isinstance(cache, KVLayerCache):
@@ -192,7 +194,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
         H = self.n_heads
         q, k, v = self.qkv(x).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
-        o = masked_sdpa(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask)
+        o = masked_sdpa(
+            q, k, v, causal=self.causal, key_padding_mask=key_padding_mask,
+            right_padded=right_padded,
+        )  # fmt: skip
         y = self.o_proj(o.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
         if key_padding_mask is not None:
             y = y.masked_fill(~key_padding_mask[..., None], 0.0)
@@ -254,11 +259,12 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, cache=None):
+    def forward(self, x: Tensor, mask: Tensor | None, cache=None, right_padded=None):
         """``(B, T, D) -> (B, T, D)``; with ``cache`` (see the attention layers) also the
-        layer's cache: ``(y, cache)``."""
+        layer's cache: ``(y, cache)``. ``right_padded``: the mask's layout, when known."""
         if cache is None:
-            x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=mask))
+            a = self.attn(self.norm1(x), key_padding_mask=mask, right_padded=right_padded)
+            x = x + self.drop(a)
             return x + self.drop(self.mlp(self.norm2(x)))
         a, cache = self.attn(self.norm1(x), key_padding_mask=mask, cache=cache)
         x = x + self.drop(a)
@@ -326,11 +332,14 @@ class Encoder(nn.Module):
         if T > self.config.max_len:
             raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
         shift = None
-        if mask is not None and not is_right_padded(mask):
+        # The mask's layout is read once here (one host read per forward pass, none inside the
+        # layers) and handed to every layer.
+        right = None if mask is None else is_right_padded(mask)
+        if mask is not None and not right:
             shift = (~mask).long().cumprod(1).sum(1)  # (B,) leading padding per row
             rolled = _roll_rows(mask, shift)
             if is_right_padded(rolled):  # left padding: run the rows left-aligned
-                tokens, mask = _roll_rows(tokens, shift), rolled
+                tokens, mask, right = _roll_rows(tokens, shift), rolled, True
             elif cache is not None:
                 raise ValueError("prompt rows must be one block of real tokens (no holes)")
             else:
@@ -339,7 +348,7 @@ class Encoder(nn.Module):
         x = self.drop(self.tok(tokens) + self.pos(pos))  # (B, T, D)
         for i, block in enumerate(self.blocks):
             if cache is None:
-                x = block(x, mask)
+                x = block(x, mask, right_padded=right)
             else:
                 x, cache.layers[i] = block(x, mask, cache=EMPTY)
         x = self.norm(x)

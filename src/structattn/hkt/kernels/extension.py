@@ -25,10 +25,15 @@ from torch import Tensor
 
 __all__ = ["CSRC", "cpu_kernel", "cpu_kernel_error", "cpu_kernel_for", "header_hash"]
 
-#: The C++ sources and their shared header.
+#: The C++ sources and their shared headers.
 CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [CSRC / "hkt_cpu.cpp", CSRC / "hkt_decode.cpp", CSRC / "hkt_conv.cpp"]
-_HEADER = CSRC / "hkt_cpu_common.h"
+_SOURCES = [
+    CSRC / "hkt_cpu.cpp",
+    CSRC / "hkt_cpu_lowp.cpp",
+    CSRC / "hkt_decode.cpp",
+    CSRC / "hkt_conv.cpp",
+]
+_HEADERS = [CSRC / "hkt_cpu_common.h", CSRC / "hkt_cpu_tiles.h"]
 _NAME = "structattn_hkt_cpu"
 
 _lock = threading.Lock()
@@ -63,8 +68,8 @@ def _build() -> ModuleType:
 
 
 def header_hash() -> str:
-    """The first 16 hex digits of the shared header's SHA-1 (part of the build flags)."""
-    return hashlib.sha1(_HEADER.read_bytes()).hexdigest()[:16]
+    """The first 16 hex digits of the shared headers' SHA-1 (part of the build flags)."""
+    return hashlib.sha1(b"".join(h.read_bytes() for h in _HEADERS)).hexdigest()[:16]
 
 
 def cpu_kernel() -> ModuleType | None:

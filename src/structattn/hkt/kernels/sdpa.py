@@ -31,20 +31,30 @@ def masked_sdpa(
     key_padding_mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    right_padded: bool | None = None,
 ) -> Tensor:
     """``scaled_dot_product_attention`` with a ``(B, T)`` key padding mask, in O(T) memory for
     right-padded batches (and for any mask when bidirectional).
 
     Shapes: ``q, k (B, H, T, E)``, ``v (B, H, T, E_v)``, mask ``(B, T)`` bool (True = real),
     returns ``(B, H, T, E_v)``. Rows of padded queries hold finite values that callers discard;
-    :func:`~structattn.hkt.hkt_attention` zeroes them. A causal call with a mask reads the
-    mask's layout on the host once (:func:`~structattn.hkt.levels.is_right_padded`).
+    :func:`~structattn.hkt.hkt_attention` zeroes them.
+
+    ``right_padded`` (causal calls with a mask): whether every row is real tokens followed by
+    padding, as the caller knows it. None: read from a CPU mask
+    (:func:`~structattn.hkt.levels.is_right_padded`, no device involved); on any other device
+    it is never read back (that would synchronise the device), and the call takes the path
+    that is exact for any padding, a ``(B, 1, T, T)`` bool mask.
     """
     B, _, T, _ = q.shape
     attn_mask = None
     is_causal = causal
     if key_padding_mask is not None:
-        if causal and is_right_padded(key_padding_mask):
+        if causal and right_padded is None:
+            right_padded = key_padding_mask.device.type == "cpu" and is_right_padded(
+                key_padding_mask
+            )
+        if causal and right_padded:
             # Real queries sit before every padded key, so the causal mask already hides the
             # padding from them; padded query rows are discarded by the caller.
             pass
@@ -71,8 +81,11 @@ def _pad_last(x: Tensor, width: int) -> Tensor:
     return x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1]))
 
 
-def sdpa_attention(q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p):
-    """Registered as ``impl="sdpa"``; the contract of the other implementations."""
+def sdpa_attention(
+    q, k, v, lam, stride, causal, key_padding_mask, scale, dropout_p, right_padded=None
+):
+    """Registered as ``impl="sdpa"``; the contract of the other implementations
+    (``right_padded``: see :func:`masked_sdpa`)."""
     B, H, T, d_v = v.shape
     n_levels = len(q)
     d = q[0].shape[-1]
@@ -94,5 +107,6 @@ def sdpa_attention(q, k, v, lam, stride, causal, key_padding_mask, scale, dropou
         key_padding_mask=key_padding_mask,
         scale=scale,
         dropout_p=dropout_p,
+        right_padded=right_padded,
     )  # (B, H, T, width)
     return out if width == d_v else out[..., :d_v]
