@@ -266,7 +266,8 @@ class Block(nn.Module):
             a = self.attn(self.norm1(x), key_padding_mask=mask, right_padded=right_padded)
             x = x + self.drop(a)
             return x + self.drop(self.mlp(self.norm2(x)))
-        a, cache = self.attn(self.norm1(x), key_padding_mask=mask, cache=cache)
+        a, cache = self.attn(self.norm1(x), key_padding_mask=mask, cache=cache,
+                             right_padded=right_padded)  # fmt: skip
         x = x + self.drop(a)
         return x + self.drop(self.mlp(self.norm2(x))), cache
 
@@ -350,7 +351,7 @@ class Encoder(nn.Module):
             if cache is None:
                 x = block(x, mask, right_padded=right)
             else:
-                x, cache.layers[i] = block(x, mask, cache=EMPTY)
+                x, cache.layers[i] = block(x, mask, cache=EMPTY, right_padded=right)
         x = self.norm(x)
         return x if shift is None else _roll_rows(x, -shift)
 

@@ -36,15 +36,19 @@ _REDUCED = (torch.bfloat16, torch.float16)
 
 def lowp_route(dtype: torch.dtype) -> str | None:
     """How the C++ kernel computes ``dtype`` inputs on this CPU: ``"brgemm-amx"`` or
-    ``"brgemm-avx512"`` (the reduced-precision kernel on AMX tiles or AVX-512 dot products),
-    ``"float32"`` (a reduced dtype this CPU's GEMM does not run: computed in float32 and cast
-    back), the dtype's own name for float32 / float64, or None without a kernel. Detected once
-    at run time by a small product on the batch-reduce GEMM."""
+    ``"brgemm-avx512"`` (the reduced-precision kernel on AMX tiles or AVX-512 BF16 dot
+    products), ``"float32"`` (a reduced dtype this CPU's GEMM does not run with the kernel's
+    packed layout, or ``torch.backends.mkldnn`` turned off: computed in float32 and cast back),
+    the dtype's own name for float32 / float64, or None without a kernel. Detected once at run
+    time by two products on the batch-reduce GEMM. float16 runs the kernel only on AMX-FP16
+    CPUs (oneDNN reads float16 in another layout on AVX-512 FP16 without AMX)."""
     kernel = cpu_kernel()
     if kernel is None:
         return None
     if dtype not in _REDUCED:
         return str(dtype).removeprefix("torch.")
+    if not torch.backends.mkldnn.enabled:  # oneDNN's GEMM turned off by the user
+        return "float32"
     return _reduced_route(kernel, dtype)
 
 

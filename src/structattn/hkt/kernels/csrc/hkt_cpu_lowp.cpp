@@ -1,7 +1,8 @@
 // HKT attention on the CPU in bfloat16 / float16: the blockwise kernel of hkt_cpu.cpp with its
 // tile GEMMs on oneDNN's batch-reduce GEMM (ATen's cpublas::brgemm: AMX tiles where the CPU has
-// them, AVX-512 BF16 / FP16 dot products otherwise), reduced-precision inputs and outputs, and
-// float32 accumulation, softmax, log-sum-exp and gradients accumulators.
+// them, AVX-512 BF16 dot products otherwise; float16 only on AMX-FP16, the one float16 route
+// that reads the VNNI-2 layout below), reduced-precision inputs and outputs, and float32
+// accumulation, softmax, log-sum-exp and gradient accumulators.
 //
 // The GEMM's B operand is packed in the VNNI-2 layout (pairs of K rows interleaved), in column
 // blocks of at most 64 (what AMX's packed B takes); K is padded to an even length with zeros.
@@ -233,6 +234,15 @@ struct QueryRows {
   }
 };
 
+// Releases this thread's GEMM hardware context (AMX tile configuration) when it goes out of
+// scope.
+struct ReleaseOnExit {
+  ReleaseOnExit() = default;
+  ReleaseOnExit(const ReleaseOnExit&) = delete;
+  ReleaseOnExit& operator=(const ReleaseOnExit&) = delete;
+  ~ReleaseOnExit() { at::native::cpublas::brgemm_release(true); }
+};
+
 // Runs fn(item) for items in `order` on all threads (dynamic schedule); each worker releases
 // the GEMM's hardware context (AMX tile configuration) when it is done.
 template <typename Fn>
@@ -241,8 +251,8 @@ void run_dynamic_brgemm(const std::vector<int64_t>& order, const Fn& fn) {
   const int64_t n = static_cast<int64_t>(order.size());
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    const ReleaseOnExit release;  // also when a GEMM throws
     for (int64_t w = next++; w < n; w = next++) fn(order[w]);
-    at::native::cpublas::brgemm_release(true);
   });
 }
 
@@ -322,17 +332,19 @@ struct HeadGrads {
     }
   }
 
-  // Writes them into head bh of the (reduced-precision) gradient tensors.
+  // Writes them into head bh of the (reduced-precision) gradient tensors; w[l] is level l's
+  // weight times the score scale (the accumulators hold the unscaled products).
   template <typename S>
-  void store(const Geom& g, int64_t bh, std::vector<at::Tensor>& dq_t,
-             std::vector<at::Tensor>& dk_t, at::Tensor& dv_t) const {
+  void store(const Geom& g, int64_t bh, const std::vector<float>& w,
+             std::vector<at::Tensor>& dq_t, std::vector<at::Tensor>& dk_t,
+             at::Tensor& dv_t) const {
     for (int64_t l = 0; l < g.L; ++l) {
       const auto dQ = head_rows<S, S*>(dq_t[l], bh / g.H, bh % g.H);
       const auto dK = head_rows<S, S*>(dk_t[l], bh / g.H, bh % g.H);
       for (int64_t i = 0; i < g.Tl[l]; ++i) {
         for (int64_t c = 0; c < g.d; ++c) {
-          dQ.row(i)[c] = static_cast<S>(dq[l][i * g.d + c]);
-          dK.row(i)[c] = static_cast<S>(dkt[l][c * g.Tl[l] + i]);
+          dQ.row(i)[c] = static_cast<S>(w[l] * dq[l][i * g.d + c]);
+          dK.row(i)[c] = static_cast<S>(w[l] * dkt[l][c * g.Tl[l] + i]);
         }
       }
     }
@@ -366,18 +378,20 @@ struct QueryTileOps {
   }
 };
 
-// The gradients of one level from its score gradient G (nr x nc, float, the level's scale and
-// weight w applied here): dQ_l += w G K_l and dK_l^T += Q_l^T (w G).
+// The gradients of one level from its score gradient G (nr x nc, float): dQ_l += G K_l and
+// dK_l^T += Q_l^T G. The level's weight and the score scale are applied when the accumulators
+// are stored, so that G is rounded to S unscaled (a small weight would push float16 values
+// toward its subnormal range).
 template <typename S>
-void level_grads(const Geom& g, int64_t l, const float* G, int64_t nr, int64_t nc, float w,
-                 int64_t ci0, int64_t cj0, const S* krows, const S* qt, HeadGrads& acc,
-                 std::vector<S>& a_buf, std::vector<S>& b_buf) {
+void level_grads(const Geom& g, int64_t l, const float* G, int64_t nr, int64_t nc, int64_t ci0,
+                 int64_t cj0, const S* krows, const S* qt, HeadGrads& acc, std::vector<S>& a_buf,
+                 std::vector<S>& b_buf) {
   a_buf.resize(nr * even(nc));
-  stage_a<S>(G, nc, 1, nr, nc, a_buf.data(), w);
+  stage_a<S>(G, nc, 1, nr, nc, a_buf.data());
   gemm_packed<S>(nr, g.d, nc, a_buf.data(), even(nc), krows, acc.dq[l].data() + ci0 * g.d, g.d,
                  true);
   b_buf.resize(packed_size(nr, nc));
-  pack_b<S>(G, nc, 1, nr, nc, b_buf.data(), w);
+  pack_b<S>(G, nc, 1, nr, nc, b_buf.data());
   gemm_packed<S>(g.d, nc, nr, qt, even(nr), b_buf.data(), acc.dkt[l].data() + cj0, g.Tl[l], true);
 }
 
@@ -441,40 +455,50 @@ void backward_lowp(const Geom& g, const std::vector<at::Tensor>& q,
         dlam_acc[0] += ds_rows<float>(dS.data(), P.data(), F.data(), delta.data() + i0, ni, nj);
         coarse_grads<float>(g, ct, dS.data(), ni, nj, D, rowbuf.data(), dlam_acc);
         for (int64_t l = 0; l < g.L; ++l) {
-          const float w = lam_h[l] * static_cast<float>(g.scale);
           const float* G = l == 0 ? dS.data() : D[l].data();
           const int64_t nr = l == 0 ? ni : ct.rows[l], nc = l == 0 ? nj : ct.cols[l];
-          level_grads<S>(g, l, G, nr, nc, w, g.c0(l, i0), g.c0(l, j0), kt + kp.krows_off[l],
+          level_grads<S>(g, l, G, nr, nc, g.c0(l, i0), g.c0(l, j0), kt + kp.krows_off[l],
                          qo.qt[l].data(), grads, a_buf, b_buf);
         }
       }
     }
-    grads.store<S>(g, bh, dq, dk, dv);
+    std::vector<float> w(g.L);
+    for (int64_t l = 0; l < g.L; ++l) w[l] = lam_h[l] * static_cast<float>(g.scale);
+    grads.store<S>(g, bh, w, dq, dk, dv);
     float* dlam = dlam_bh.data_ptr<float>() + bh * g.L;
     for (int64_t l = 0; l < g.L; ++l) dlam[l] = static_cast<float>(dlam_acc[l]);
   });
 }
 
-// Whether the batch-reduce GEMM runs S on this CPU (oneDNN's ukernel: AVX-512 BF16 / FP16 or
-// AMX), checked once on a small product against the float32 answer.
+// One product through the packed GEMM against its float32 answer (small integers: exact in
+// S), computed twice with accumulation on the second call.
+template <typename S>
+bool brgemm_case(int64_t M, int64_t N, int64_t K) {
+  std::vector<float> a(M * K), bm(K * N), ref(M * N, 0.f), c(M * N, 0.f);
+  for (int64_t i = 0; i < M * K; ++i) a[i] = float(i % 5) - 2.f;
+  for (int64_t i = 0; i < K * N; ++i) bm[i] = float(i % 3) - 1.f;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t x = 0; x < K; ++x) ref[i * N + j] += 2.f * a[i * K + x] * bm[x * N + j];
+  std::vector<S> A(M * even(K)), B(packed_size(K, N));
+  stage_a<S>(a.data(), K, 1, M, K, A.data());
+  pack_b<S>(bm.data(), N, 1, K, N, B.data());
+  const ReleaseOnExit release;
+  gemm_packed<S>(M, N, K, A.data(), even(K), B.data(), c.data(), N, false);
+  gemm_packed<S>(M, N, K, A.data(), even(K), B.data(), c.data(), N, true);
+  for (int64_t i = 0; i < M * N; ++i)
+    if (c[i] != ref[i]) return false;
+  return true;
+}
+
+// Whether the batch-reduce GEMM runs S with this file's packed layout on this CPU (oneDNN's
+// ukernel: AVX-512 BF16 or AMX for bfloat16; for float16 only where oneDNN reads B in the same
+// VNNI-2 layout, AMX-FP16), checked once on a small and on a larger product (several column
+// blocks, K > 32, M > 16).
 template <typename S>
 bool brgemm_works() {
   try {
-    const int64_t M = 3, N = 5, K = 3;
-    std::vector<float> a(M * K), bm(K * N), ref(M * N, 0.f), c(M * N, 0.f);
-    for (int64_t i = 0; i < M * K; ++i) a[i] = float(i % 5) - 2.f;
-    for (int64_t i = 0; i < K * N; ++i) bm[i] = float(i % 3) - 1.f;
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j)
-        for (int64_t x = 0; x < K; ++x) ref[i * N + j] += a[i * K + x] * bm[x * N + j];
-    std::vector<S> A(M * even(K)), B(packed_size(K, N));
-    stage_a<S>(a.data(), K, 1, M, K, A.data());
-    pack_b<S>(bm.data(), N, 1, K, N, B.data());
-    gemm_packed<S>(M, N, K, A.data(), even(K), B.data(), c.data(), N, false);
-    at::native::cpublas::brgemm_release(true);
-    for (int64_t i = 0; i < M * N; ++i)
-      if (c[i] != ref[i]) return false;
-    return true;
+    return brgemm_case<S>(3, 5, 3) && brgemm_case<S>(19, 70, 67);
   } catch (const std::exception&) {
     return false;
   }
@@ -483,6 +507,8 @@ bool brgemm_works() {
 }  // namespace
 
 bool hkt_lowp_supported(at::ScalarType dtype) {
+  // oneDNN's GEMM is off when the user turns mkldnn off (read on every call, as ATen does)
+  if (!at::globalContext().userEnabledMkldnn()) return false;
   static const bool bf16 = brgemm_works<at::BFloat16>();
   static const bool f16 = brgemm_works<at::Half>();
   if (dtype == at::kBFloat16) return bf16;
