@@ -28,10 +28,7 @@ void forward_impl(const Geom& g, const std::vector<at::Tensor>& q,
                   const std::vector<at::Tensor>& k, const at::Tensor& v, const at::Tensor& lam,
                   const bool* km, at::Tensor& out, at::Tensor& lse) {
   const int64_t n_qt = (g.T + g.tile_q - 1) / g.tile_q;
-  // largest (causal: latest) query tiles first, so the dynamic schedule ends balanced
-  std::vector<int64_t> order;
-  for (int64_t t = n_qt - 1; t >= 0; --t)
-    for (int64_t bh = 0; bh < g.B * g.H; ++bh) order.push_back(bh * n_qt + t);
+  const std::vector<int64_t> order = query_tile_order(g);
 
   const T* lam_p = lam.data_ptr<T>();
   T* lse_p = lse.data_ptr<T>();
@@ -73,8 +70,7 @@ void backward_impl(const Geom& g, const std::vector<at::Tensor>& q,
                    const bool* km, const at::Tensor& out, const at::Tensor& lse,
                    const at::Tensor& dout, std::vector<at::Tensor>& dq,
                    std::vector<at::Tensor>& dk, at::Tensor& dv, at::Tensor& dlam_bh) {
-  std::vector<int64_t> order(g.B * g.H);
-  for (int64_t i = 0; i < g.B * g.H; ++i) order[i] = i;
+  const std::vector<int64_t> order = head_order(g);
   const T* lam_p = lam.data_ptr<T>();
 
   run_dynamic(order, [&](int64_t bh) {
@@ -182,13 +178,7 @@ std::vector<at::Tensor> hkt_backward(std::vector<at::Tensor> q, std::vector<at::
                              lse, dout);
   }
   const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
-  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && rows_ok(out) &&
-                  rows_ok(dout) && out.scalar_type() == v.scalar_type() &&
-                  dout.scalar_type() == v.scalar_type(),
-              "out and dout must have v's shape and dtype and contiguous rows");
-  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.B && lse.size(1) == g.H && lse.size(2) == g.T &&
-                  lse.is_contiguous() && lse.scalar_type() == v.scalar_type(),
-              "lse must be a contiguous (B, H, T) tensor of v's dtype");
+  check_backward_inputs(g, v, out, dout, lse, v.scalar_type());
   const bool* km = mask_ptr(key_mask, g);
   std::vector<at::Tensor> dq, dk;
   for (int64_t l = 0; l < g.L; ++l) {
@@ -201,11 +191,7 @@ std::vector<at::Tensor> hkt_backward(std::vector<at::Tensor> q, std::vector<at::
     backward_impl<scalar_t>(g, q, k, v, lam.contiguous(), km, out, lse, dout, dq, dk, dv,
                             dlam_bh);
   });
-  std::vector<at::Tensor> grads = dq;
-  grads.insert(grads.end(), dk.begin(), dk.end());
-  grads.push_back(dv);
-  grads.push_back(dlam_bh.sum(0));
-  return grads;
+  return gradient_list(dq, dk, dv, dlam_bh);
 }
 
 // csrc/hkt_decode.cpp

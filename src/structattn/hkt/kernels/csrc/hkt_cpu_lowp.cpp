@@ -243,19 +243,6 @@ struct ReleaseOnExit {
   ~ReleaseOnExit() { at::native::cpublas::brgemm_release(true); }
 };
 
-// Runs fn(item) for items in `order` on all threads (dynamic schedule); each worker releases
-// the GEMM's hardware context (AMX tile configuration) when it is done.
-template <typename Fn>
-void run_dynamic_brgemm(const std::vector<int64_t>& order, const Fn& fn) {
-  std::atomic<int64_t> next{0};
-  const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    const ReleaseOnExit release;  // also when a GEMM throws
-    for (int64_t w = next++; w < n; w = next++) fn(order[w]);
-  });
-}
-
 // Packs every key tile of every head (parallel over heads x tiles).
 template <typename S>
 std::vector<S> pack_all_keys(const Geom& g, const KeyPacks& kp, const std::vector<at::Tensor>& k,
@@ -281,14 +268,12 @@ void forward_lowp(const Geom& g, const std::vector<at::Tensor>& q,
   const KeyPacks kp(g, false);
   const std::vector<S> packs = pack_all_keys<S>(g, kp, k, v, false);
   const int64_t n_qt = (g.T + g.tile_q - 1) / g.tile_q;
-  std::vector<int64_t> order;  // latest query tiles first (balanced end of the schedule)
-  for (int64_t t = n_qt - 1; t >= 0; --t)
-    for (int64_t bh = 0; bh < g.B * g.H; ++bh) order.push_back(bh * n_qt + t);
+  const std::vector<int64_t> order = query_tile_order(g);
   const float* lam_p = lam.data_ptr<float>();
   float* lse_p = lse.data_ptr<float>();
   const float inf = std::numeric_limits<float>::infinity();
 
-  run_dynamic_brgemm(order, [&](int64_t item) {
+  run_dynamic<ReleaseOnExit>(order, [&](int64_t item) {
     const int64_t bh = item / n_qt, t = item % n_qt;
     const int64_t b = bh / g.H, h = bh % g.H;
     const int64_t i0 = t * g.tile_q, i1 = std::min(i0 + g.tile_q, g.T), ni = i1 - i0;
@@ -403,11 +388,10 @@ void backward_lowp(const Geom& g, const std::vector<at::Tensor>& q,
                    std::vector<at::Tensor>& dk, at::Tensor& dv, at::Tensor& dlam_bh) {
   const KeyPacks kp(g, true);
   const std::vector<S> packs = pack_all_keys<S>(g, kp, k, v, true);
-  std::vector<int64_t> order(g.B * g.H);
-  for (int64_t i = 0; i < g.B * g.H; ++i) order[i] = i;
+  const std::vector<int64_t> order = head_order(g);
   const float* lam_p = lam.data_ptr<float>();
 
-  run_dynamic_brgemm(order, [&](int64_t bh) {
+  run_dynamic<ReleaseOnExit>(order, [&](int64_t bh) {
     const int64_t b = bh / g.H, h = bh % g.H;
     const auto Q = head_levels<S>(g, q, bh);
     const auto O = head_rows<S>(out, b, h), dO = head_rows<S>(dout, b, h);
@@ -548,13 +532,7 @@ std::vector<at::Tensor> hkt_backward_lowp(std::vector<at::Tensor> q, std::vector
   TORCH_CHECK(hkt_lowp_supported(v.scalar_type()), "no ", v.scalar_type(),
               " batch-reduce GEMM on this CPU");
   const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
-  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && rows_ok(out) &&
-                  rows_ok(dout) && out.scalar_type() == v.scalar_type() &&
-                  dout.scalar_type() == v.scalar_type(),
-              "out and dout must have v's shape and dtype and contiguous rows");
-  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.B && lse.size(1) == g.H && lse.size(2) == g.T &&
-                  lse.is_contiguous() && lse.scalar_type() == at::kFloat,
-              "lse must be a contiguous float32 (B, H, T) tensor");
+  check_backward_inputs(g, v, out, dout, lse, at::kFloat);
   const bool* km = mask_ptr(key_mask, g);
   std::vector<at::Tensor> dq, dk;
   for (int64_t l = 0; l < g.L; ++l) {
@@ -569,9 +547,5 @@ std::vector<at::Tensor> hkt_backward_lowp(std::vector<at::Tensor> q, std::vector
   } else {
     backward_lowp<at::Half>(g, q, k, v, lam_c, km, out, lse, dout, dq, dk, dv, dlam_bh);
   }
-  std::vector<at::Tensor> grads = dq;
-  grads.insert(grads.end(), dk.begin(), dk.end());
-  grads.push_back(dv);
-  grads.push_back(dlam_bh.sum(0));
-  return grads;
+  return gradient_list(dq, dk, dv, dlam_bh);
 }

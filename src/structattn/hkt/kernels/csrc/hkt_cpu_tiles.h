@@ -196,15 +196,62 @@ inline int64_t row_limit(const Geom& g, int64_t i, int64_t j0, int64_t nj) {
   return std::max<int64_t>(0, std::min<int64_t>(nj, i - j0 + 1));
 }
 
+struct NoGuard {};
+
 // Runs fn(item) for items in `order` on all threads, taking them one by one (dynamic schedule).
-template <typename Fn>
+// Each worker holds a Guard while it runs (the reduced-precision kernel's releases the GEMM's
+// hardware context when the worker is done, also when fn throws).
+template <typename Guard = NoGuard, typename Fn>
 void run_dynamic(const std::vector<int64_t>& order, const Fn& fn) {
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(order.size());
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    [[maybe_unused]] Guard guard{};
     for (int64_t w = next++; w < n; w = next++) fn(order[w]);
   });
+}
+
+// The forward pass's work items, bh * n_query_tiles + t: the latest (causal: largest) query
+// tiles first, so that the dynamic schedule ends balanced.
+inline std::vector<int64_t> query_tile_order(const Geom& g) {
+  const int64_t n_qt = (g.T + g.tile_q - 1) / g.tile_q;
+  std::vector<int64_t> order;
+  for (int64_t t = n_qt - 1; t >= 0; --t)
+    for (int64_t bh = 0; bh < g.B * g.H; ++bh) order.push_back(bh * n_qt + t);
+  return order;
+}
+
+// The backward pass's work items: one per head, 0 .. B*H - 1.
+inline std::vector<int64_t> head_order(const Geom& g) {
+  std::vector<int64_t> order(g.B * g.H);
+  for (int64_t i = 0; i < g.B * g.H; ++i) order[i] = i;
+  return order;
+}
+
+// The backward pass's own inputs: out and dout of v's shape and dtype with contiguous rows, the
+// log-sum-exp a contiguous (B, H, T) tensor of lse_dtype.
+inline void check_backward_inputs(const Geom& g, const at::Tensor& v, const at::Tensor& out,
+                                  const at::Tensor& dout, const at::Tensor& lse,
+                                  at::ScalarType lse_dtype) {
+  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && rows_ok(out) &&
+                  rows_ok(dout) && out.scalar_type() == v.scalar_type() &&
+                  dout.scalar_type() == v.scalar_type(),
+              "out and dout must have v's shape and dtype and contiguous rows");
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == g.B && lse.size(1) == g.H && lse.size(2) == g.T &&
+                  lse.is_contiguous() && lse.scalar_type() == lse_dtype,
+              "lse must be a contiguous (B, H, T) tensor of dtype ", lse_dtype);
+}
+
+// The backward pass's result: (*dq, *dk, dv, dlam) with dlam summed over the batch.
+inline std::vector<at::Tensor> gradient_list(const std::vector<at::Tensor>& dq,
+                                             const std::vector<at::Tensor>& dk,
+                                             const at::Tensor& dv, const at::Tensor& dlam_bh) {
+  std::vector<at::Tensor> grads = dq;
+  grads.insert(grads.end(), dk.begin(), dk.end());
+  grads.push_back(dv);
+  grads.push_back(dlam_bh.sum(0));
+  return grads;
 }
 
 
