@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from structattn.hkt import HKTAttention, HKTConfig, ModelConfig, MultiHeadAttention, hkt_attention
+from structattn.hkt.levels import level_lengths
 from structattn.hkt.model import SequenceClassifier
 from structattn.utils import TensorMemoryTracker
 
@@ -274,9 +275,7 @@ def attention_flops(B: int, H: int, T: int, d: int, causal: bool) -> float:
 
 def _kernel_case(B, H, T, d, levels, causal, dtype, repeats, seed) -> dict:
     g = torch.Generator().manual_seed(seed)
-    lengths = [T]
-    for _ in range(levels - 1):
-        lengths.append(-(-lengths[-1] // 2))
+    lengths = level_lengths(T, levels, 2)
     q = [torch.randn(B, H, t, d, generator=g).to(dtype).requires_grad_() for t in lengths]
     k = [torch.randn(B, H, t, d, generator=g).to(dtype).requires_grad_() for t in lengths]
     v = torch.randn(B, H, T, d, generator=g).to(dtype).requires_grad_()
