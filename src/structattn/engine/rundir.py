@@ -76,7 +76,7 @@ class RunDir:
     RESULT_FILES = (FINAL, "results.json", BEST, "best")
     #: What ``--overwrite`` removes: the files above and those the shipped experiments add.
     RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, CURVES, *RESULT_FILES,
-                 "hf", "samples.md", "results.md", "diagnostics")  # fmt: skip
+                 "hf", "samples.md", "results.md", "diagnostics", "vocabulary.json")  # fmt: skip
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

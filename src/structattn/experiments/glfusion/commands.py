@@ -15,12 +15,14 @@ from structattn.errors import ConfigError
 
 from ..commands import PresetCommand, check_sampling, parse_command
 from .ablate import GLFUSION_ABLATIONS
+from .code.config import CodeNamesConfig, load_code_config
 from .config import GLFusionTrainConfig, load_glfusion
 
-__all__ = ["COMMANDS", "Ablate", "Baselines", "Generate", "Predict", "Train", "main"]
+__all__ = ["COMMANDS", "Ablate", "Baselines", "CodeTrain", "Generate", "Predict", "Train", "main"]
 
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
+    "| structattn glfusion train --dataset code-names [--preset quick|cpu] [--model gcn|gin] "
     "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] [--graph DIR] "
     "| structattn glfusion generate RUN_DIR --node N --prompt TEXT [--graph DIR] "
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
@@ -59,6 +61,43 @@ class Train(PresetCommand):
 
         results = train_glfusion(self.experiment)
         print(json.dumps(results) if "paused_at" in results else results_table(results))
+
+
+@dataclass
+class CodeTrain(PresetCommand):
+    """Train one model to name Python functions from their syntax trees (code-names, built like
+    ogbg-code2): --config and --preset choose the defaults below, every other flag overrides
+    them; prints the validation and test scores."""
+
+    config: Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")] = (
+        "glfusion-code"
+    )
+    preset: Annotated[
+        str, tyro.conf.arg(help=f"a preset of --config (shipped: {_presets('glfusion-code')})")
+    ] = "quick"
+    experiment: Annotated[CodeNamesConfig, tyro.conf.arg(name="")] = field(
+        default_factory=lambda: load_code_config("glfusion-code", "quick")
+    )
+
+    default_config: ClassVar[str] = "glfusion-code"
+    config_class: ClassVar[type] = CodeNamesConfig
+
+    def run(self) -> None:
+        from .code.experiment import train_code_names
+        from .code.report import run_table
+
+        results = train_code_names(self.experiment)
+        print(json.dumps(results) if "paused_at" in results else run_table(results))
+
+
+def _wants_code_names(args: list[str]) -> bool:
+    """``--dataset code-names`` (or ``--dataset=code-names``) is among ``args``."""
+    for i, arg in enumerate(args):
+        if arg == "--dataset=code-names" or (
+            arg == "--dataset" and args[i + 1 : i + 2] == ["code-names"]
+        ):
+            return True
+    return False
 
 
 @dataclass
@@ -180,9 +219,10 @@ def main(argv: list[str]) -> None:
     """``structattn glfusion COMMAND ...``: parse and run one command."""
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         raise ConfigError(USAGE)
-    train = Train.defaults(argv[1:]) if argv[0] == "train" else Train()
+    trainer = CodeTrain if _wants_code_names(argv[1:]) else Train
+    train = trainer.defaults(argv[1:]) if argv[0] == "train" else trainer()
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
-        Annotated[Train, tyro.conf.subcommand("train", default=train)],
+        Annotated[trainer, tyro.conf.subcommand("train", default=train)],
         Annotated[Predict, tyro.conf.subcommand("predict")],
         Annotated[Generate, tyro.conf.subcommand("generate")],
         Annotated[Ablate, tyro.conf.subcommand("ablate")],

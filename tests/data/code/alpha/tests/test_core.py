@@ -1,0 +1,2 @@
+def check_value(value):
+    return value == 1

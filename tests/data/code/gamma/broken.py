@@ -1,0 +1,5 @@
+def fine_function(a, b):
+    return a * b
+
+def broken(:
+    pass

@@ -1,0 +1,281 @@
+"""code-names: method naming from Python syntax trees (structattn.data.code) and its metric."""
+
+from __future__ import annotations
+
+import gzip
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from structattn.data import code as codemod
+from structattn.data.code import (
+    MASK,
+    build_code_names,
+    function_examples,
+    load_code_names,
+    python_files,
+    split_subtokens,
+)
+from structattn.experiments.glfusion.code.metrics import name_scores
+
+FILES = Path(__file__).parent / "data" / "code"
+
+
+def _build(**kw):
+    projects = {
+        "alpha": ("train", python_files(FILES / "alpha")),
+        "beta": ("test", python_files(FILES / "beta")),
+        "gamma": ("val", python_files(FILES / "gamma")),
+    }
+    return build_code_names(projects, **{"min_nodes": 1, **kw})
+
+
+def _one(source: str, qualname: str):
+    (ex,) = [
+        e for e in function_examples(source, "p", "f.py", min_nodes=1) if e.qualname == qualname
+    ]
+    return ex
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("add_one", ["add", "one"]),
+        ("countDown", ["count", "down"]),
+        ("get_HTTPResponse", ["get", "http", "response"]),
+        ("_to_utf8", ["to", "utf8"]),
+        ("HTMLParser2", ["html", "parser2"]),
+        ("__private_name", ["private", "name"]),
+        ("x", ["x"]),
+        ("_", []),
+    ],
+)
+def test_subtokens_split_snake_and_camel_case(name, expected):
+    assert split_subtokens(name) == expected
+
+
+def test_hand_made_function_has_ogb_nodes_and_edges():
+    ex = _one("def add_one(value):\n    return value + 1\n", "add_one")
+    assert ex.node_types == ["FunctionDef", "arguments", "arg", "Return", "BinOp", "Name",
+                             "Load", "Add", "Constant"]  # fmt: skip
+    assert ex.node_attributes == [MASK, None, "value", None, None, "value", None, None, "1"]
+    assert ex.depth == [0, 1, 2, 1, 2, 3, 4, 3, 3]
+    child = [e for e, k in zip(ex.edges, ex.edge_kinds) if k == 0]
+    nxt = [e for e, k in zip(ex.edges, ex.edge_kinds) if k == 1]
+    assert child == [(0, 1), (1, 2), (0, 3), (3, 4), (4, 5), (5, 6), (4, 7), (4, 8)]
+    assert len(child) == ex.num_nodes - 1  # a tree
+    assert nxt == [(0, 2), (2, 5), (5, 8)]  # attributed nodes in source order
+    assert ex.edge_texts() == ["child"] * 8 + ["next token"] * 3
+    assert ex.node_texts()[0] == f"FunctionDef: {MASK}" and ex.node_texts()[1] == "arguments"
+    assert ex.subtokens == ["add", "one"] and ex.target == ["add", "one"]
+    assert ex.source == f"def {MASK}(value):\n    return value + 1"
+
+
+def test_name_is_masked_everywhere_and_docstrings_removed():
+    data = _build()
+    every = data.train + data.val + data.test
+    assert every
+    for ex in every:
+        words = " ".join(t for t in ex.node_texts())
+        assert ex.name not in words.replace(MASK, " ")  # not as a word, nor inside one
+        assert ex.name not in ex.source.replace(MASK, " ")
+        assert ex.node_types[0] in ("FunctionDef", "AsyncFunctionDef")
+        assert ex.node_attributes[0] == MASK
+    count = next(ex for ex in data.train if ex.name == "countDown")
+    assert "Count down to zero" not in " ".join(count.node_texts())  # docstring gone
+    assert "Count down" not in count.source and "#" not in count.source
+    # the recursive call and the string's uses are masked, also inside a longer word
+    assert f"return {MASK}(n - 1)" in count.source
+    assert f"'{MASK} done, {MASK}s left'" in count.source
+    method = next(ex for ex in data.train if ex.qualname == "Box.get_HTTPResponse")
+    assert method.subtokens == ["get", "http", "response"]
+    assert method.source.count(MASK) == 3  # def, the argument of that name, self.<name>
+
+
+def test_functions_kept_and_left_out():
+    data = _build()
+    names = {ex.qualname for ex in data.train}
+    # dunders, names with "test", files in test folders and nested functions are left out
+    assert names == {"add_one", "countDown", "Box.get_HTTPResponse", "Box.Inner._to_utf8"}
+    inner = next(ex for ex in data.train if ex.qualname == "Box.Inner._to_utf8")
+    assert "FunctionDef: helper" in inner.node_texts()  # the nested helper is in its tree
+    # a file that does not parse gives nothing (its good function too); async functions count
+    assert {ex.qualname for ex in data.val} == {"fetch_page"}
+    assert data.val[0].node_types[0] == "AsyncFunctionDef"
+    assert data.info["projects"]["gamma"]["files"] == 2
+
+
+def test_split_is_by_project_and_test_repeats_of_train_are_dropped():
+    data = _build()
+    for split, project in (("train", "alpha"), ("val", "gamma"), ("test", "beta")):
+        assert {ex.project for ex in data.split(split)} == {project}
+    # beta's add_one is a copy of alpha's: dropped from test, counted as a duplicate
+    assert [ex.qualname for ex in data.test] == ["load_items"]
+    assert data.info["projects"]["beta"]["duplicates"] == 1
+    assert data.info["counts"] == {"train": 4, "val": 1, "test": 1}
+
+
+def test_node_range_filters_trees():
+    sizes = {ex.qualname: ex.num_nodes for ex in _build().train}
+    small = _build(min_nodes=10, max_nodes=20).train
+    assert {ex.qualname for ex in small} == {q for q, n in sizes.items() if 10 <= n <= 20}
+    assert data_sizes_are_summarised(_build())
+
+
+def data_sizes_are_summarised(data) -> bool:
+    s = data.info["sizes"]["train"]
+    return s["n"] == 4 and s["min"] <= s["median"] <= s["max"]
+
+
+def test_save_load_round_trip_and_damage_is_named(tmp_path):
+    data = _build()
+    data.save(tmp_path / "ds")
+    back = load_code_names(tmp_path / "ds")
+    assert back.train == data.train and back.test == data.test and back.info == data.info
+    with gzip.open(tmp_path / "ds" / "val.jsonl.gz", "wt") as f:
+        f.write('{"project": "x"}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        load_code_names(tmp_path / "ds")
+    data.save(tmp_path / "ds")
+    (tmp_path / "ds" / "test.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="damaged"):
+        load_code_names(tmp_path / "ds")
+    with pytest.raises(FileNotFoundError, match="data fetch"):
+        load_code_names(tmp_path / "nothing")
+
+
+def test_wheels_are_read_without_extracting(tmp_path):
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.write(FILES / "beta" / "shared.py", "demo/shared.py")
+        z.writestr("demo/tests/test_x.py", "def check(a):\n    return a\n")
+        z.writestr("demo-1.0.dist-info/METADATA", "Name: demo\n")
+    assert [p for p, _ in python_files(wheel)] == ["demo/shared.py"]
+
+
+def test_fetch_checks_the_pinned_hash(tmp_path, monkeypatch):
+    from structattn.data import fetch
+
+    payload = {"bytes": b"wheel bytes"}
+    calls = []
+
+    def fake_pip(cmd, cwd, what):
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("--dest") + 1])
+        (dest / "demo_pkg-1.0-py3-none-any.whl").write_bytes(payload["bytes"])
+
+    monkeypatch.setattr(fetch, "_run", fake_pip)
+    import hashlib
+
+    good = hashlib.sha256(b"wheel bytes").hexdigest()
+    dist = codemod.Distribution("demo-pkg", "1.0", "train", "2025-01-01", good)
+    path = fetch._fetch_wheel(dist, tmp_path)
+    assert path.read_bytes() == b"wheel bytes" and len(calls) == 1
+    assert fetch._fetch_wheel(dist, tmp_path) == path and len(calls) == 1  # cached
+    payload["bytes"] = b"something else"
+    other = codemod.Distribution("other", "1.0", "train", "2025-01-01", good)
+    monkeypatch.setattr(
+        fetch,
+        "_run",
+        lambda cmd, cwd, what: (
+            Path(cmd[cmd.index("--dest") + 1]) / "other-1.0-py3-none-any.whl"
+        ).write_bytes(b"x"),
+    )
+    with pytest.raises(fetch.FetchError, match="pinned"):
+        fetch._fetch_wheel(other, tmp_path)
+
+
+def test_pinned_distributions_are_split_and_recent():
+    dists = codemod.DISTRIBUTIONS
+    assert len({d.name for d in dists}) == len(dists)
+    assert {d.split for d in dists} == {"train", "val", "test"}
+    assert all(d.first_release >= "2025-01-01" and len(d.sha256) == 64 for d in dists)
+
+
+# ---------------------------------------------------------------------------- the metric
+
+
+def test_f1_matches_hand_computation():
+    refs = [["get", "user", "name"], ["load"], ["to", "utf8"], ["run"]]
+    preds = [["get", "name"], ["load"], ["utf8", "to"], []]
+    s = name_scores(refs, preds)
+    # example 1: P = 2/2, R = 2/3, F1 = 0.8; 2: 1, 1, 1; 3 (sets): 1, 1, 1; 4: empty -> 0
+    assert s["precision"] == pytest.approx((1 + 1 + 1 + 0) / 4)
+    assert s["recall"] == pytest.approx((2 / 3 + 1 + 1 + 0) / 4)
+    assert s["f1"] == pytest.approx((0.8 + 1 + 1 + 0) / 4)
+    assert s["exact"] == pytest.approx(1 / 4)  # order matters for exact match
+
+
+def test_f1_uses_sets_like_ogb():
+    s = name_scores([["get", "get", "item"]], [["get", "value", "value"]])
+    # sets {get, item} vs {get, value}: P = 1/2, R = 1/2
+    assert s["precision"] == pytest.approx(0.5) and s["f1"] == pytest.approx(0.5)
+
+
+def test_metric_rejects_bad_input():
+    with pytest.raises(ValueError, match="references"):
+        name_scores([["a"]], [])
+    with pytest.raises(ValueError, match="no examples"):
+        name_scores([], [])
+    with pytest.raises(ValueError, match="list of sub-token"):
+        name_scores(["get_name"], [["get"]])
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def test_cli_trains_a_gnn_and_writes_its_scores(tmp_path, capsys):
+    import json
+
+    from structattn.cli import main
+
+    _build().save(tmp_path / "ds")
+    run = tmp_path / "run"
+    main(["glfusion", "train", "--dataset", "code-names", "--dataset-path", str(tmp_path / "ds"),
+          "--model", "gin", "--run-dir", str(run), "--emb-dim", "8", "--gnn-layers", "2",
+          "--train.max-steps", "4", "--train.batch-size", "2",
+          "--train.eval-every", "2"])  # fmt: skip
+    final = json.loads((run / "final.json").read_text())
+    assert final["model"] == "gin" and final["examples"] == {"train": 4, "val": 1, "test": 1}
+    for split in ("val", "test"):
+        assert set(final[split]) == {"f1", "precision", "recall", "exact"}
+        assert 0.0 <= final[split]["f1"] <= 1.0
+    assert final["test_examples"][0]["true"] == ["load", "items"]
+    assert "| test |" in capsys.readouterr().out
+    assert (run / "results.md").is_file() and (run / "vocabulary.json").is_file()
+
+
+def test_gnn_learns_names_of_trees_it_was_trained_on():
+    """On a training set it can memorise, the GNN's F1 rises from 0 to near 1 (the heads, the
+    decoding and the metric are wired to the right targets)."""
+    import torch
+    from torch_geometric.data import Batch
+
+    from structattn.experiments.glfusion.code.gnn import NameGNN, Vocabulary, graph_data
+
+    exs = _build().train
+    vocab = Vocabulary.from_examples(exs)
+    graphs = Batch.from_data_list([graph_data(ex, vocab, 20) for ex in exs])
+    torch.manual_seed(0)
+    for kind in ("gcn", "gin"):
+        model = NameGNN(vocab, kind, layers=2, dim=32)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for _ in range(60):
+            opt.zero_grad()
+            model(graphs, graphs.y).loss.backward()
+            opt.step()
+        model.eval()
+        preds = [vocab.decode(r.tolist()) for r in model.predict_ids(graphs)]
+        assert name_scores([ex.subtokens for ex in exs], preds)["exact"] == 1.0, (kind, preds)
+
+
+def test_vocabulary_encodes_and_decodes_like_ogb():
+    from structattn.experiments.glfusion.code.gnn import Vocabulary
+
+    v = Vocabulary.from_examples(_build().train, num_vocab=3)
+    assert v.subtokens[:2] == ["__UNK__", "__EOS__"] and len(v.subtokens) == 5
+    ids = v.encode_target(["zzz", *v.subtokens[2:4], "a", "b", "c", "d"])
+    assert ids[0] == 0 and len(ids) == 5  # unknown -> __UNK__, cut at 5
+    assert v.decode([v.subtoken_id[v.subtokens[2]], 1, 3]) == [v.subtokens[2]]  # stops at EOS
+    assert v.encode_target(["x"])[1:] == [1, 1, 1, 1]  # padded with __EOS__
