@@ -279,3 +279,60 @@ def test_vocabulary_encodes_and_decodes_like_ogb():
     assert ids[0] == 0 and len(ids) == 5  # unknown -> __UNK__, cut at 5
     assert v.decode([v.subtoken_id[v.subtokens[2]], 1, 3]) == [v.subtokens[2]]  # stops at EOS
     assert v.encode_target(["x"])[1:] == [1, 1, 1, 1]  # padded with __EOS__
+
+
+# ---------------------------------------------------------------------------- the LLM models
+
+
+def _tiny_models(tmp_path):
+    from tests.helpers import tiny_glfusion_models
+
+    return tiny_glfusion_models(tmp_path)
+
+
+def test_prompts_of_each_llm_model(tmp_path):
+    from structattn.experiments.glfusion.code.llm import build_prompt, edge_lists
+
+    (llm, tok), _ = _tiny_models(tmp_path)
+    ex = next(e for e in _build().train if e.qualname == "countDown")
+    g = build_prompt(ex, "glfusion", tok, node_id=900, graph_start=901, graph_end=902)
+    assert g.prompt_ids.count(900) == ex.num_nodes and g.texts == ex.node_texts()
+    edges, texts = edge_lists(ex)
+    assert edges.shape == (2, 2 * len(ex.edges)) and (g.edge_index == edges).all()
+    assert texts.count("child") == texts.count("parent") == ex.num_nodes - 1
+    assert texts.count("next token") == texts.count("previous token") == len(ex.leaf_order()) - 1
+    for mode in ("llm-tree", "llm-code"):
+        p = build_prompt(ex, mode, tok, 900, 901, 902, max_prompt_tokens=20)
+        assert len(p.prompt_ids) <= 20 and p.texts is None and 900 not in p.prompt_ids
+    full = build_prompt(ex, "llm-code", tok, 900, 901, 902, max_prompt_tokens=10_000)
+    assert len(full.prompt_ids) > 20  # the cut above was real
+
+
+def test_generated_text_becomes_subtokens():
+    from structattn.experiments.glfusion.code.llm import subtokens_of_text
+
+    assert subtokens_of_text(" get user name") == ["get", "user", "name"]
+    assert subtokens_of_text("getUserName, (x)") == ["get", "user", "name", "x"]
+    assert subtokens_of_text("a b c d e f g") == ["a", "b", "c", "d", "e"]
+    assert subtokens_of_text("") == []
+
+
+@pytest.mark.parametrize("model", ["llm-tree", "llm-code", "glfusion"])
+def test_llm_models_train_and_report(tmp_path, model):
+    from structattn.engine.config import TrainConfig
+    from structattn.experiments.glfusion.code import CodeNamesConfig, train_code_names
+
+    llm, encoder = _tiny_models(tmp_path)
+    train = TrainConfig(max_steps=3, batch_size=2, eval_every=3, log_every=1)
+    cfg = CodeNamesConfig(model=model, run_dir=tmp_path / "run", data_dir=tmp_path,
+                          max_prompt_tokens=64, max_new_tokens=4, eval_batch_size=2,
+                          train=train)  # fmt: skip
+    final = train_code_names(cfg, _build(), progress=False, llm=llm, encoder=encoder)
+    assert final["model"] == model and 0.0 <= final["test"]["f1"] <= 1.0
+    heads = set(final["heads"])
+    assert heads == ({"lm", "gnn"} if model == "glfusion" else {"lm"})
+    assert final["head"] in heads
+    assert final["val"] == final["heads"][final["head"]]["val"]  # the head chosen on validation
+    assert (tmp_path / "run" / "results.md").is_file()
+    if model == "glfusion":
+        assert any((tmp_path / "encodings").iterdir())  # node and edge texts encoded once, cached

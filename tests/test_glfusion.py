@@ -595,3 +595,50 @@ def test_param_groups_and_the_ensemble_weight_chosen_on_validation():
     assert head_accuracies(probs, w)["ensemble"] == 1.0 and 0 < w < 1
     tie = {"gnn": gnn, "lm": gnn, "classes": classes}
     assert choose_ensemble_weight(tie) == 0.5  # every weight ties: the paper's 0.5
+
+
+def _cross_attention_inputs(seed=0):
+    """Three sequences (3 nodes, no graph, 2 nodes), right padding, ragged node texts."""
+    g = torch.Generator().manual_seed(seed)
+    B, S, D, Lt, T = 3, 12, 16, 5, 6
+    hidden = torch.randn(B, S, D, generator=g, dtype=torch.float64, requires_grad=True)
+    node_batch = torch.tensor([0, 0, 0, 2, 2])
+    node_slots = torch.tensor([[0, 2], [0, 3], [0, 4], [2, 1], [2, 2]])
+    node_text = torch.randn(5, Lt, T, generator=g, dtype=torch.float64, requires_grad=True)
+    text_mask = torch.ones(5, Lt, dtype=torch.bool)
+    text_mask[1, 2:] = False
+    text_mask[4, 1:] = False
+    attention_mask = torch.ones(B, S, dtype=torch.long)
+    attention_mask[2, 9:] = 0
+    return hidden, node_text, text_mask, node_batch, node_slots, attention_mask
+
+
+@pytest.mark.parametrize("decoding", [False, True])
+def test_cross_attention_fast_path_equals_the_dense_reference(decoding):
+    """The sparse forward computes the dense two-stage attention exactly (float64), forward and
+    backward, for node tokens, text after the graph, text before it, padding and a sequence
+    without a graph; and in decoding (new tokens after the graph, no node slots)."""
+    from structattn.glfusion.cross_attention import GraphTextCrossAttention
+
+    torch.manual_seed(0)
+    layer = GraphTextCrossAttention(16, 6, num_heads=4).double()
+    with torch.no_grad():
+        layer.gate.fill_(0.8)
+    hidden, text, tmask, batch, slots, amask = _cross_attention_inputs()
+    kwargs = {"attention_mask": amask}
+    if decoding:
+        hidden = hidden[:, :2].detach().requires_grad_(True)
+        slots = slots[:0]
+        kwargs = {"after_graph": torch.tensor([True, False, True])}
+    outs, grads = [], []
+    for fn in (layer.forward, layer.forward_reference):
+        out = fn(hidden, text, tmask, batch, slots, **kwargs)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1),
+                              dtype=out.dtype)  # fmt: skip
+        g = torch.autograd.grad((out * weights).sum(), [hidden, text, *layer.parameters()])
+        outs.append(out)
+        grads.append(g)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert (outs[0] - hidden).abs().amax() > 1e-3  # the gate is open: something was read

@@ -396,9 +396,11 @@ class Engine:
         metrics = evaluate(self._raw)
         if self.select not in metrics:
             raise KeyError(f"evaluate() returned no {self.select!r}")
-        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get("acc"))
-        history.append({"step": state.step, **metrics})
         value = metrics[self.select]
+        # the acc column holds the validation accuracy, or the metric that selects when the
+        # experiment has no accuracy (code-names: F1), so the curve of every run is in the log
+        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get("acc", value))
+        history.append({"step": state.step, **metrics})
         bar.set_postfix({f"val_{self.select}": f"{value:.3f}"})
         if state.improve(value):
             self.save_best(self._raw, state.best)

@@ -58,7 +58,69 @@ class GraphTextCrossAttention(nn.Module):
 
         ``after_graph (B,)`` bool, for decoding: ``hidden`` holds only new text tokens, all after
         their sequence's graph where True (they read every node text), with no node token among
-        them (``node_slots`` is then empty)."""
+        them (``node_slots`` is then empty).
+
+        Computes what :meth:`forward_reference` computes, only where something is read: a node
+        token's stage 1 over its own node's text (its stage 2 over that one node has weight 1),
+        and the positions after a graph over that graph's nodes; other positions add 0. The
+        dense form's cost and memory grow with ``S x Nmax x Lt`` per head; this one's with
+        ``(M + A x n) x Lt`` (``A`` positions after the graph, ``n`` nodes of their graph)."""
+        B, S, D = hidden.shape
+        H, hd = self.num_heads, D // self.num_heads
+        M, Lt, _ = node_text.shape
+        counts = torch.bincount(node_batch, minlength=B)
+        n_max = int(counts.max()) if M else 0
+        node_valid = torch.arange(n_max, device=hidden.device)[None] < counts[:, None]
+        visible = self._visibility(B, S, M, n_max, node_batch, node_slots, node_valid,
+                                   attention_mask, after_graph, hidden.device)  # fmt: skip
+        q = self.query(self.norm(hidden)).view(B, S, H, hd)
+        k = self.key(node_text.to(hidden.dtype)).view(M, Lt, H, hd)
+        v = self.value(node_text.to(hidden.dtype)).view(M, Lt, H, hd)
+        dead = ~node_text_mask.to(hidden.device)  # (M, Lt) padding of each node's text
+        scale = 1.0 / math.sqrt(hd)
+        low = torch.finfo(q.dtype).min
+        rows, values = [], []
+        if node_slots.numel():  # node tokens: their own node's text
+            qn = q[node_slots[:, 0], node_slots[:, 1]]  # (M, H, hd)
+            s1 = torch.einsum("mhd,mlhd->mhl", qn, k) * scale
+            s1 = s1.masked_fill(dead[:, None], low)
+            rows.append(node_slots[:, 0] * S + node_slots[:, 1])
+            values.append(torch.einsum("mhl,mlhd->mhd", s1.softmax(-1), v))
+        # positions after their graph read every node of it (the node tokens are not among them)
+        is_node = torch.zeros(B, S, dtype=torch.bool, device=hidden.device)
+        if node_slots.numel():
+            is_node[node_slots[:, 0], node_slots[:, 1]] = True
+        after = visible.any(-1) & ~is_node  # (B, S)
+        starts = torch.cumsum(counts, 0) - counts
+        for b in torch.nonzero(after.any(-1)).flatten().tolist():
+            pos = torch.nonzero(after[b]).flatten()
+            lo, n = int(starts[b]), int(counts[b])
+            qa, kb, vb = q[b, pos], k[lo : lo + n], v[lo : lo + n]  # (A, H, hd), (n, Lt, H, hd)
+            s1 = torch.einsum("ahd,nlhd->ahnl", qa, kb) * scale
+            s1 = s1.masked_fill(dead[lo : lo + n][None, None], low)
+            r = torch.einsum("ahnl,nlhd->ahnd", s1.softmax(-1), vb)  # (A, H, n, hd)
+            s2 = torch.einsum("ahd,ahnd->ahn", qa, r) * scale
+            rows.append(b * S + pos)
+            values.append(torch.einsum("ahn,ahnd->ahd", s2.softmax(-1), r))
+        out = hidden.new_zeros(B * S, H, hd)
+        if rows:
+            out = out.index_put((torch.cat(rows),), torch.cat(values))
+        reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
+        return hidden + torch.tanh(self.gate) * self.out(out.view(B, S, D)) * reads
+
+    def forward_reference(
+        self,
+        hidden: Tensor,
+        node_text: Tensor,
+        node_text_mask: Tensor,
+        node_batch: Tensor,
+        node_slots: Tensor,
+        attention_mask: Tensor | None = None,
+        after_graph: Tensor | None = None,
+    ) -> Tensor:
+        """The readable form of :meth:`forward`: every position's query against every node's
+        text tokens (stage 1, dense over ``(B, S, Nmax, Lt)``), then masked to what it may read
+        (stage 2). Same arguments and result; :meth:`forward` computes only the visible part."""
         B, S, D = hidden.shape
         H, hd = self.num_heads, D // self.num_heads
         M, Lt, _ = node_text.shape

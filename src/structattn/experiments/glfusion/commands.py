@@ -22,7 +22,7 @@ __all__ = ["COMMANDS", "Ablate", "Baselines", "CodeTrain", "Generate", "Predict"
 
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
-    "| structattn glfusion train --dataset code-names [--preset quick|cpu] [--model gcn|gin] "
+    "| structattn glfusion train --dataset code-names [--preset quick|cpu|llm-quick] [--model M] "
     "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] [--graph DIR] "
     "| structattn glfusion generate RUN_DIR --node N --prompt TEXT [--graph DIR] "
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "

