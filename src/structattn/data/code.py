@@ -554,6 +554,7 @@ def build_code_names(
     projects: dict[str, tuple[str, Iterable[tuple[str, str]]]],
     min_nodes: int = 20,
     max_nodes: int = 150,
+    progress: bool = False,
 ) -> CodeNames:
     """The dataset from ``{project: (split, [(path, source), ...])}``: examples of every file,
     exact repeats of an earlier masked source dropped (projects in split order train, val,
@@ -565,6 +566,10 @@ def build_code_names(
     splits: dict[str, list[CodeExample]] = {s: [] for s in SPLITS}
     seen: set[str] = set()
     per_project: dict[str, dict[str, int]] = {}
+    if progress:
+        from tqdm import tqdm
+
+        order = tqdm(order, desc="code-names: parsing projects", unit="project")
     for project in order:
         split, files = projects[project]
         counts = Counter()

@@ -219,9 +219,12 @@ def fetch_code_names(data_dir: Path) -> Path:
         return root / "dataset"
     wheels = root / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    paths = {d.name: _fetch_wheel(d, wheels) for d in DISTRIBUTIONS}
-    data = build_code_names({d.name: (d.split, python_files(paths[d.name]))
-                             for d in DISTRIBUTIONS})  # fmt: skip
+    from tqdm import tqdm
+
+    paths = {d.name: _fetch_wheel(d, wheels)
+             for d in tqdm(DISTRIBUTIONS, desc="code-names: wheels", unit="wheel")}  # fmt: skip
+    projects = {d.name: (d.split, python_files(paths[d.name])) for d in DISTRIBUTIONS}
+    data = build_code_names(projects, progress=True)
     record_distributions(data, DISTRIBUTIONS)
     data.save(root / "dataset")
     if not code_names_complete(root):
