@@ -53,12 +53,14 @@ class GraphTextCrossAttention(nn.Module):
         node_slots: Tensor,
         attention_mask: Tensor | None = None,
         after_graph: Tensor | None = None,
+        text_kv: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """``node_slots (M, 2)``: (sequence, position) of each node's token, in node order.
 
         ``after_graph (B,)`` bool, for decoding: ``hidden`` holds only new text tokens, all after
         their sequence's graph where True (they read every node text), with no node token among
-        them (``node_slots`` is then empty).
+        them (``node_slots`` is then empty). ``text_kv``: :meth:`project_text` of these node
+        texts, computed once and passed to every decoding step (the texts do not change).
 
         Computes what :meth:`forward_reference` computes, only where something is read: a node
         token's stage 1 over its own node's text (its stage 2 over that one node has weight 1),
@@ -74,8 +76,8 @@ class GraphTextCrossAttention(nn.Module):
         visible = self._visibility(B, S, M, n_max, node_batch, node_slots, node_valid,
                                    attention_mask, after_graph, hidden.device)  # fmt: skip
         q = self.query(self.norm(hidden)).view(B, S, H, hd)
-        k = self.key(node_text.to(hidden.dtype)).view(M, Lt, H, hd)
-        v = self.value(node_text.to(hidden.dtype)).view(M, Lt, H, hd)
+        k, v = text_kv if text_kv is not None else self.project_text(node_text, hidden.dtype)
+        k, v = k.view(M, Lt, H, hd), v.view(M, Lt, H, hd)
         dead = ~node_text_mask.to(hidden.device)  # (M, Lt) padding of each node's text
         scale = 1.0 / math.sqrt(hd)
         low = torch.finfo(q.dtype).min
@@ -107,6 +109,11 @@ class GraphTextCrossAttention(nn.Module):
             out = out.index_put((torch.cat(rows),), torch.cat(values))
         reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
         return hidden + torch.tanh(self.gate) * self.out(out.view(B, S, D)) * reads
+
+    def project_text(self, node_text: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The keys and values of every node-text token, ``(M, Lt, D)`` each."""
+        text = node_text.to(dtype)
+        return self.key(text), self.value(text)
 
     def forward_reference(
         self,

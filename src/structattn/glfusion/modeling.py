@@ -70,6 +70,9 @@ class GraphPass:
     attention_mask: Tensor | None = None  # (B, S) of the prompt
     after_graph: Tensor | None = None  # (B,) bool, decoding: the row's new tokens follow a graph
     final_hidden: Tensor | None = None  # (B, S, D) the final norm's output, set during the pass
+    #: decoding: each cross-attention layer's keys and values of the node texts, projected at
+    #: the first new token and reused by the next ones (the node texts do not change)
+    text_kv: dict[str, tuple[Tensor, Tensor]] | None = None
 
     @property
     def decoding(self) -> bool:
@@ -181,7 +184,13 @@ class GLFusionForCausalLM(nn.Module):
             nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
             hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
         if key in self.glf_cross_attention:
-            hidden = self.glf_cross_attention[key](
+            layer = self.glf_cross_attention[key]
+            kv = None
+            if p.text_kv is not None:
+                if key not in p.text_kv:
+                    p.text_kv[key] = layer.project_text(graph.node_text, hidden.dtype)
+                kv = p.text_kv[key]
+            hidden = layer(
                 hidden,
                 graph.node_text,
                 graph.node_text_mask,
@@ -189,6 +198,7 @@ class GLFusionForCausalLM(nn.Module):
                 slots,
                 p.attention_mask,
                 after_graph=p.after_graph,
+                text_kv=kv,
             )
         return hidden
 
@@ -429,6 +439,7 @@ class GLFusionForCausalLM(nn.Module):
             [cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=input_ids.device
         )
         keys = mask.clone()
+        text_kv: dict = {}  # node-text keys/values per cross-attention layer, for every step
         tokens, chosen = [], []
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         stops = None
@@ -448,7 +459,7 @@ class GLFusionForCausalLM(nn.Module):
                 break
             keys = torch.cat([keys, torch.ones_like(keys[:, :1])], dim=-1)
             step_logits = self._decode_step(
-                tok[:, None], keys, next_pos + t, cache, graph, after_graph
+                tok[:, None], keys, next_pos + t, cache, graph, after_graph, text_kv
             )
         out = torch.stack(tokens, dim=1)
         return (out, torch.stack(chosen, dim=1)) if return_logits else out
@@ -485,7 +496,7 @@ class GLFusionForCausalLM(nn.Module):
             scores = scores.masked_fill(scores < kth, float("-inf"))
         return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
 
-    def _decode_step(self, tok, keys, pos, cache, graph, after_graph) -> Tensor:
+    def _decode_step(self, tok, keys, pos, cache, graph, after_graph, text_kv=None) -> Tensor:
         """Logits ``(B, vocab)`` after the text tokens ``tok (B, 1)`` at positions ``pos (B,)``;
         ``keys (B, K)`` marks the real cached keys plus the new one."""
         inner = _inner(self.base)
@@ -494,7 +505,7 @@ class GLFusionForCausalLM(nn.Module):
         graph_pass = None
         if graph is not None:
             empty = torch.zeros(0, 2, dtype=torch.long, device=tok.device)
-            graph_pass = GraphPass(graph, empty, after_graph=after_graph)
+            graph_pass = GraphPass(graph, empty, after_graph=after_graph, text_kv=text_kv)
         out = self._decoder(embeds, allowed, pos[:, None], graph_pass, cache)
         return out.logits[:, -1]
 
