@@ -76,7 +76,8 @@ def test_name_is_masked_everywhere_and_docstrings_removed():
     data = _build()
     every = data.train + data.val + data.test
     assert every
-    for ex in every:
+    for ex in every:  # no attribute spells the name's sub-tokens in order
+        assert not any(_spells([a], ex.subtokens) for a in ex.node_attributes if a is not None)
         words = " ".join(t for t in ex.node_texts())
         assert ex.name not in words.replace(MASK, " ")  # not as a word, nor inside one
         assert ex.name not in ex.source.replace(MASK, " ")
@@ -85,12 +86,47 @@ def test_name_is_masked_everywhere_and_docstrings_removed():
     count = next(ex for ex in data.train if ex.name == "countDown")
     assert "Count down to zero" not in " ".join(count.node_texts())  # docstring gone
     assert "Count down" not in count.source and "#" not in count.source
-    # the recursive call and the string's uses are masked, also inside a longer word
+    # the recursive call and the string's uses are masked, a longer word holding it too
     assert f"return {MASK}(n - 1)" in count.source
-    assert f"'{MASK} done, {MASK}s left'" in count.source
+    assert f"'{MASK} done, {MASK} left'" in count.source
     method = next(ex for ex in data.train if ex.qualname == "Box.get_HTTPResponse")
     assert method.subtokens == ["get", "http", "response"]
     assert method.source.count(MASK) == 3  # def, the argument of that name, self.<name>
+
+
+def _spells(texts, target) -> bool:
+    """Some run of the texts' words has the target's sub-tokens in order."""
+    import re
+
+    flat = [s for text in texts for w in re.findall(r"[A-Za-z0-9_]+", text)
+            for s in split_subtokens(w)]  # fmt: skip
+    n = len(target)
+    return any(flat[i : i + n] == target for i in range(len(flat) - n + 1))
+
+
+MASKING_CASES = """
+def run(self):
+    t = truncate(self._run_count, self.runner)
+    return run(t)
+
+def load_user(x):
+    LoadUser(x); self.loadUser; y = "load user"; z = "reload users"
+    return x.load_user_id
+
+def _default_config(a):
+    return transform_a.default_config(a, b"default-config")
+"""
+
+
+def test_masking_covers_other_spellings_and_keeps_other_words():
+    exs = {e.name: e for e in function_examples(MASKING_CASES, "p", "f.py", min_nodes=1)}
+    for ex in exs.values():
+        assert not any(_spells([a], ex.subtokens) for a in ex.node_attributes if a), ex.source
+        assert not _spells([ex.source.replace(MASK, " ")], ex.subtokens), ex.source
+    run = exs["run"].source
+    assert "truncate" in run and "self.runner" in run  # words that only share letters stay
+    assert "'reload users'" in exs["load_user"].source
+    assert exs["_default_config"].source.count(MASK) == 4  # def, attribute, both bytes words
 
 
 def test_functions_kept_and_left_out():
@@ -173,7 +209,6 @@ def test_fetch_checks_the_pinned_hash(tmp_path, monkeypatch):
     path = fetch._fetch_wheel(dist, tmp_path)
     assert path.read_bytes() == b"wheel bytes" and len(calls) == 1
     assert fetch._fetch_wheel(dist, tmp_path) == path and len(calls) == 1  # cached
-    payload["bytes"] = b"something else"
     other = codemod.Distribution("other", "1.0", "train", "2025-01-01", good)
     monkeypatch.setattr(
         fetch,

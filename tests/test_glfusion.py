@@ -642,3 +642,27 @@ def test_cross_attention_fast_path_equals_the_dense_reference(decoding):
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     assert (outs[0] - hidden).abs().amax() > 1e-3  # the gate is open: something was read
+
+
+def test_cross_attention_fast_path_under_autocast_and_odd_layouts():
+    """bfloat16 autocast over float32 weights, left padding, a graph with no text after it and
+    a node whose text is all padding: the fast path runs and matches the dense form."""
+    from structattn.glfusion.cross_attention import GraphTextCrossAttention
+
+    torch.manual_seed(0)
+    layer = GraphTextCrossAttention(16, 6, num_heads=4)
+    with torch.no_grad():
+        layer.gate.fill_(0.8)
+    hidden, text, tmask, batch, slots, _ = _cross_attention_inputs()
+    hidden, text = hidden.detach().float(), text.detach().float()
+    tmask[3] = False  # node 3's text: all padding
+    amask = torch.ones(3, 12, dtype=torch.long)
+    amask[0, :2] = 0  # left padding before sequence 0's graph
+    slots = slots.clone()
+    slots[3:, 1] = torch.tensor([10, 11])  # sequence 2's graph ends the sequence: nothing after
+    args = (hidden, text, tmask, batch, slots, amask)
+    torch.testing.assert_close(layer(*args), layer.forward_reference(*args), rtol=1e-5, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, ref = layer(*args), layer.forward_reference(*args)
+    assert fast.dtype == ref.dtype
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=2e-2, atol=2e-2)

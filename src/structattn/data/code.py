@@ -16,10 +16,12 @@ One example per function or method (:func:`function_examples`):
 * **edges**: AST parent -> child, plus "next token" edges between consecutive attributed nodes in
   depth-first (source) order, as OGB's ``augment_edge`` adds them; each edge has a text
   (:data:`EDGE_TEXTS`);
-* **masking**: the function's name is replaced by ``_mask_`` wherever it occurs: its own node
-  (OGB masks only that one), recursive uses (``Name``, ``Attribute``), arguments or keywords of
-  that name, and inside any longer identifier or string (``countDowns`` -> ``_mask_s``); the
-  name appears in no node text and nowhere in the printed source;
+* **masking**: every word that spells the function's name becomes ``_mask_``: its own node
+  (OGB masks only that one), recursive uses (``Name``, ``Attribute``), arguments and keywords,
+  and any identifier or string word whose sub-tokens hold the name's sub-tokens in order, in
+  any case or spelling (``self.loadUser``, ``default_config`` inside ``_default_config``'s
+  tree, ``"load user"``); no node text and no printed source holds the name's sub-token
+  sequence;
 * **docstrings are removed** (and comments are never in an AST): a difference from ogbg-code2,
   whose trees kept docstrings as string constants;
 * **target**: the name split into lower-case sub-tokens at ``_`` and camelCase boundaries
@@ -72,7 +74,7 @@ MAX_SUBTOKENS = 5  # OGB's max_seq_len for ogbg-code2
 EDGE_TEXTS = ("child", "next token")
 #: Attributes longer than this are cut (long string constants), with an ellipsis.
 MAX_ATTRIBUTE_CHARS = 80
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: masking by sub-token sequence
 
 
 @dataclass(frozen=True)
@@ -312,20 +314,46 @@ def _strip_docstrings(tree: ast.AST) -> None:
                     body.append(ast.Expr(ast.Constant(...)))
 
 
+_WORD = re.compile(r"[A-Za-z0-9_]+")
+
+
+def _mask_text(text: str, name: str, target: list[str]) -> str:
+    """``text`` with every word that spells the name replaced by :data:`MASK`: the name itself,
+    and any run of words whose sub-tokens contain the name's sub-tokens in order, whatever the
+    case or separator (``LoadUser``, ``self.load_user_id``, ``"load user"`` for ``load_user``).
+    A word holding a name of two or more sub-tokens as written (``countDowns``) is masked too;
+    words that only share a one-word name's letters (``truncate`` for ``run``) are kept."""
+    words = [(m.start(), m.end(), split_subtokens(m.group())) for m in _WORD.finditer(text)]
+    flat = [(w, s) for w, (_, _, subs) in enumerate(words) for s in subs]
+    n = len(target)
+    core = name.strip("_")
+    hit = {w for w, (a, b, _) in enumerate(words) if n >= 2 and core in text[a:b]}
+    for i in range(len(flat) - n + 1):
+        if [s for _, s in flat[i : i + n]] == target:
+            hit.update(w for w, _ in flat[i : i + n])
+    for w in sorted(hit, reverse=True):  # right to left: earlier spans keep their offsets
+        a, b, _ = words[w]
+        text = text[:a] + MASK + text[b:]
+    return text
+
+
 def _mask_name(tree: ast.AST, name: str) -> None:
-    """Replace every occurrence of ``name`` by :data:`MASK` in ``tree`` (in place): in every
-    identifier, argument, attribute, alias and module name and inside every string or bytes
-    constant, also where it is only part of a longer word (``countDowns`` -> ``_mask_s``), so
-    that no node text and no printed source holds the name."""
-    raw = name.encode()
+    """Mask the function's name everywhere in ``tree`` (in place): in every identifier,
+    argument, attribute, alias and module name and in every string or bytes constant, each word
+    that spells it (:func:`_mask_text`), so that no node text and no printed source holds the
+    name or its sub-tokens in order."""
+    target = split_subtokens(name)
     for node in ast.walk(tree):
         for key, value in ast.iter_fields(node):
             if isinstance(value, str):
-                setattr(node, key, value.replace(name, MASK))
+                setattr(node, key, _mask_text(value, name, target))
             elif isinstance(value, bytes):
-                setattr(node, key, value.replace(raw, MASK.encode()))
+                text = value.decode("utf-8", "replace")
+                masked = _mask_text(text, name, target)
+                if masked != text:
+                    setattr(node, key, masked.encode())
             elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-                setattr(node, key, [v.replace(name, MASK) for v in value])
+                setattr(node, key, [_mask_text(v, name, target) for v in value])
 
 
 @dataclass
@@ -491,7 +519,7 @@ def _read_split(path: Path) -> list[CodeExample]:
                 d = json.loads(line)
                 d["edges"] = [tuple(e) for e in d["edges"]]
                 out.append(CodeExample(**d))
-            except (json.JSONDecodeError, TypeError, KeyError) as err:
+            except (json.JSONDecodeError, TypeError, KeyError, UnicodeDecodeError) as err:
                 what = f"{path}: line {line_no} is not a code-names example ({err})"
                 raise ValueError(what) from None
     return out
@@ -509,7 +537,7 @@ def load_code_names(folder: Path) -> CodeNames:
     try:
         info = json.loads(info_path.read_text())
         splits = [_read_split(folder / f"{s}.jsonl.gz") for s in SPLITS]
-    except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError) as err:
+    except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{folder}: damaged code-names files ({err}); fetch it again") from None
     return CodeNames(*splits, info=info)
 

@@ -40,6 +40,8 @@ class Experiment:
 
     #: The validation metric that picks the best weights (higher is better).
     select: str = "acc"
+    #: The validation metric logged in ``metrics.csv``'s ``acc`` column (the curves).
+    curve: str = "acc"
     #: Checkpoint only the parameters that train (a frozen base model is not copied).
     only_trainable: bool = False
 
@@ -90,7 +92,11 @@ class Experiment:
 
     def make_engine(self) -> Engine:
         return Engine.for_config(
-            self.cfg, self.progress, only_trainable=self.only_trainable, select=self.select
+            self.cfg,
+            self.progress,
+            only_trainable=self.only_trainable,
+            select=self.select,
+            curve=self.curve,
         )
 
     def run(self) -> dict[str, Any]:

@@ -124,6 +124,7 @@ class Engine:
         progress: bool = True,
         only_trainable: bool = False,
         select: str = "acc",
+        curve: str = "acc",
         resumable: frozenset[str] = RESUMABLE_CHANGES,
         overwrite: bool = False,
         defaults: dict[str, Any] | None = None,
@@ -136,6 +137,7 @@ class Engine:
         self.optim, self.train, self.seed = optim, train, seed
         self.config, self.name, self.progress = config, name, progress
         self.only_trainable, self.select = only_trainable, select
+        self.curve = curve  # the validation metric written to metrics.csv's acc column
         self.resume = resume
         # torchrun on machines without CUDA: accelerate needs cpu=True to form a gloo group.
         multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -397,9 +399,9 @@ class Engine:
         if self.select not in metrics:
             raise KeyError(f"evaluate() returned no {self.select!r}")
         value = metrics[self.select]
-        # the acc column holds the validation accuracy, or the metric that selects when the
-        # experiment has no accuracy (code-names: F1), so the curve of every run is in the log
-        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get("acc", value))
+        # the acc column: the validation accuracy, or the experiment's curve metric (code-names:
+        # F1, which has no accuracy), so that every run's curve is in the log
+        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get(self.curve))
         history.append({"step": state.step, **metrics})
         bar.set_postfix({f"val_{self.select}": f"{value:.3f}"})
         if state.improve(value):

@@ -104,9 +104,11 @@ class GraphTextCrossAttention(nn.Module):
             s2 = torch.einsum("ahd,ahnd->ahn", qa, r) * scale
             rows.append(b * S + pos)
             values.append(torch.einsum("ahn,ahnd->ahd", s2.softmax(-1), r))
-        out = hidden.new_zeros(B * S, H, hd)
         if rows:
-            out = out.index_put((torch.cat(rows),), torch.cat(values))
+            values = torch.cat(values)  # autocast may have made them another dtype than hidden
+            out = values.new_zeros(B * S, H, hd).index_put((torch.cat(rows),), values)
+        else:
+            out = q.new_zeros(B * S, H, hd)
         reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
         return hidden + torch.tanh(self.gate) * self.out(out.view(B, S, D)) * reads
 

@@ -45,6 +45,7 @@ class MethodNaming(Experiment):
     folder of the config (tests)."""
 
     select = "f1"
+    curve = "f1"  # metrics.csv's acc column holds validation F1
 
     def __init__(self, cfg: CodeNamesConfig, data: CodeNames | None = None, progress: bool = True):
         super().__init__(cfg, progress)
