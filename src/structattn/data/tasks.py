@@ -7,7 +7,12 @@ listops    LRA ``basic_{train,val,test}``   own generator (same task), cached as
            ``.tsv`` in ``<data>/listops``
 image      CIFAR-10 ``cifar-10-batches-py``  Fashion-MNIST (STAND-IN), grey levels        1024/784
 text       IMDB ``aclImdb``                 SpamAssassin bodies (STAND-IN), bytes        1024
+                                            or fine-food reviews (STAND-IN), bytes
 =========  ===============================  ==========================================  ======
+
+The text stand-in is ``text_stand_in``: ``spam-assassin`` (spam or not; byte counts alone
+solve most of it) or ``fine-foods`` (5,000 Amazon reviews, five stars or not: sentiment, like
+IMDB).
 
 ``<data>`` is ``data_dir`` (default ``$STRUCTATTN_DATA_DIR`` or ``~/.cache/structattn``).
 Splits are deterministic for a seed: validation comes out of the training data where a dataset
@@ -33,11 +38,19 @@ from .images import (
     read_cifar10,
     read_idx,
 )
-from .text import encode_bytes, read_aclimdb, read_spam_assassin, stand_in_folder
+from .text import (
+    FINE_FOODS_CLASSES,
+    encode_bytes,
+    read_aclimdb,
+    read_fine_foods,
+    read_spam_assassin,
+    stand_in_folder,
+)
 
 __all__ = ["TASKS", "TaskSpec", "load_task"]
 
 TASKS = ("listops", "image", "text")
+TEXT_STAND_INS = ("spam-assassin", "fine-foods")
 
 
 @dataclass
@@ -55,6 +68,7 @@ class TaskSpec:
     listops_min_length: int = 64  # shortest generated ListOps example (tokens without parens)
     rgb: bool = False  # CIFAR-10 as interleaved RGB (T = 3072) instead of grey
     image_pool: int = 1  # average-pool images k x k before flattening (2: 28x28 -> 14x14)
+    text_stand_in: str = "spam-assassin"  # text without IMDB: spam-assassin | fine-foods
     val_fraction: float = 0.1  # validation share carved out of training data when needed
     seed: int = 0  # split and generation seed
 
@@ -85,6 +99,10 @@ class TaskSpec:
             raise ValueError(
                 f"listops_min_length={self.listops_min_length} is above seq_len={longest}, the "
                 "longest generated example: no example could be generated"
+            )
+        if self.text_stand_in not in TEXT_STAND_INS:
+            raise ValueError(
+                f"text_stand_in must be one of {TEXT_STAND_INS}, got {self.text_stand_in!r}"
             )
         if self.image_pool < 1:
             raise ValueError(f"image_pool must be >= 1, got {self.image_pool}")
@@ -247,6 +265,14 @@ def _text(spec: TaskSpec, root: Path) -> TaskData:
         train, val = _train_val(spec, [encode_bytes(t, T) for t in train_texts], train_y)
         test = _dataset([encode_bytes(t, T) for t in test_texts], test_y)
         source, stand_in, names = "IMDB (aclImdb), bytes", False, ["negative", "positive"]
+    elif spec.text_stand_in == "fine-foods":
+        folder = root / "fine-foods"
+        train_texts, train_y = read_fine_foods(folder, "train")
+        test_texts, test_y = read_fine_foods(folder, "test")
+        train, val = _train_val(spec, [encode_bytes(t, T) for t in train_texts], train_y)
+        test = _dataset([encode_bytes(t, T) for t in test_texts], test_y)
+        source = "Amazon fine-food reviews (modeldata small_fine_foods; stand-in for IMDB), bytes"
+        stand_in, names = True, list(FINE_FOODS_CLASSES)
     else:
         texts, labels, _ = read_spam_assassin(stand_in_folder(root))
         seqs = [encode_bytes(t, T) for t in texts]

@@ -1,4 +1,4 @@
-"""Character-level (byte-level) text classification: IMDB (aclImdb) and the SpamAssassin stand-in.
+"""Character-level (byte-level) text classification: IMDB (aclImdb) and two stand-ins.
 
 Text becomes its UTF-8 bytes, token id = byte + 1 (0 is padding), truncated to ``T``.
 
@@ -10,6 +10,8 @@ Text becomes its UTF-8 bytes, token id = byte + 1 (0 is padding), truncated to `
   *body* is kept: the headers (relays, dates, spam-filter tags) give the label away. Bodies are
   the decoded ``text/plain`` parts, or the ``text/html`` parts with tags removed when a message
   has no plain part.
+* ``read_fine_foods(root, split)`` reads the 5,000 Amazon fine-food reviews of R's
+  ``modeldata::small_fine_foods`` (label 1 = a five-star review): sentiment, like IMDB.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import email
 import email.policy
 import html
+import json
 import re
 from pathlib import Path
 
@@ -28,8 +31,11 @@ __all__ = [
     "email_body",
     "encode_bytes",
     "read_aclimdb",
+    "read_fine_foods",
     "read_spam_assassin",
     "stand_in_folder",
+    "FINE_FOODS_CLASSES",
+    "FINE_FOODS_SPLITS",
     "SPAM_GROUPS",
 ]
 
@@ -62,6 +68,37 @@ def read_aclimdb(root: str | Path, split: str) -> tuple[list[str], list[int]]:
             except UnicodeDecodeError as err:
                 raise DataError(f"{path}: not UTF-8 text ({err})") from None
             labels.append(label)
+    return texts, labels
+
+
+FINE_FOODS_SPLITS = {"train": 4000, "test": 1000}  # modeldata's training_data / testing_data
+FINE_FOODS_CLASSES = ["other", "great"]  # label 1: a five-star review ("great")
+
+
+def read_fine_foods(root: str | Path, split: str) -> tuple[list[str], list[int]]:
+    """Reviews and labels (1 = five stars) of ``root/<split>.jsonl``, the Amazon fine-food
+    reviews of R's ``modeldata::small_fine_foods`` as :func:`~structattn.data.fetch.
+    fetch_fine_foods` writes them (one ``{"product", "review", "score"}`` object per line)."""
+    if split not in FINE_FOODS_SPLITS:
+        raise ValueError(f"split must be one of {list(FINE_FOODS_SPLITS)}, got {split!r}")
+    path = Path(root) / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"fine-food reviews not found: {path} (run `structattn data fetch --only fine-foods`)"
+        )
+    texts, labels = [], []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                text, score = row["review"], row["score"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise DataError(f"{path}:{n}: not a review line ({err})") from None
+            if not isinstance(text, str) or score not in FINE_FOODS_CLASSES:
+                raise DataError(f"{path}:{n}: review must be text, score one of "
+                                f"{FINE_FOODS_CLASSES}; got {score!r}")  # fmt: skip
+            texts.append(text)
+            labels.append(FINE_FOODS_CLASSES.index(score))
     return texts, labels
 
 
