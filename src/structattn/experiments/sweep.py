@@ -15,7 +15,15 @@ from typing import Any
 from structattn.engine import RunDir, config_diff
 from structattn.errors import ConfigError
 
-__all__ = ["REUSE_IGNORES", "SweepResult", "SweepRun", "run_sweep", "tune_lr"]
+__all__ = [
+    "REUSE_IGNORES",
+    "SweepResult",
+    "SweepRun",
+    "plateau",
+    "read_val_curve",
+    "run_sweep",
+    "tune_lr",
+]
 
 #: Config keys that may differ between a finished run and the one a sweep asks for.
 REUSE_IGNORES = frozenset(
@@ -114,3 +122,30 @@ def tune_lr(
         return None, scores
     best = max(scores, key=lambda k: (scores[k], -float(k)))
     return float(best), scores
+
+
+def read_val_curve(run_dir: Path) -> tuple[list[int], list[float]]:
+    """The validation curve of a run's ``metrics.csv``: steps, and the metric its experiment
+    logs in the ``acc`` column (accuracy, or F1 for method naming) in %."""
+    import csv
+
+    path = RunDir(run_dir).metrics
+    if not path.is_file():
+        return [], []
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["split"] == "val" and r["acc"] != ""]
+    return [int(r["step"]) for r in rows], [100 * float(r["acc"]) for r in rows]
+
+
+def plateau(run_dir: Path) -> bool | None:
+    """The validation curve had flattened: its best value in the last fifth of training
+    improves on the best before it by less than 1 pp (None without enough evaluations)."""
+    steps, acc = read_val_curve(run_dir)
+    if len(steps) < 3:
+        return None
+    cut = 0.8 * steps[-1]
+    before = [a for s, a in zip(steps, acc) if s <= cut]
+    after = [a for s, a in zip(steps, acc) if s > cut]
+    if not before or not after:
+        return None
+    return max(after) - max(before) < 1.0

@@ -30,7 +30,7 @@ from structattn.engine.config import default_config, merge_overrides
 from structattn.errors import ConfigError
 
 from ..stats import mean_std, paired_difference
-from ..sweep import SweepRun, check_rates, run_sweep, tune_lr
+from ..sweep import SweepRun, check_rates, plateau, read_val_curve, run_sweep, tune_lr
 from ..tables import comparison_table, mean_std_cell, verdict
 from .baselines import shallow_baselines
 from .config import LRAConfig, load_lra
@@ -81,20 +81,6 @@ def _with_model(cfg, **changes):
     import dataclasses
 
     return dataclasses.replace(cfg, model=cfg.model.replace(**changes))
-
-
-def _plateau(run_dir: Path) -> bool | None:
-    """The validation curve had flattened: its best accuracy in the last fifth of training
-    improves on the best before it by less than 1 pp (None without enough evaluations)."""
-    steps, acc = _read_val_curve(run_dir)
-    if len(steps) < 3:
-        return None
-    cut = 0.8 * steps[-1]
-    before = [a for s, a in zip(steps, acc) if s <= cut]
-    after = [a for s, a in zip(steps, acc) if s > cut]
-    if not before or not after:
-        return None
-    return max(after) - max(before) < 1.0
 
 
 def _variant_overrides(variant: str, overrides, data_dir, lr) -> dict[str, Any]:
@@ -258,7 +244,7 @@ def summarise(
                 "step_ms": [r["median_step_ms"] for r in runs],
                 "parameters": runs[0]["parameters"] if runs else None,
                 "plateau": [
-                    _plateau(root / f"{task}-{model}" / f"seed{s}")
+                    plateau(root / f"{task}-{model}" / f"seed{s}")
                     for s in seeds
                     if (task, model, s) in finals
                 ],  # fmt: skip
@@ -425,17 +411,6 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _read_val_curve(run_dir: Path) -> tuple[list[int], list[float]]:
-    import csv
-
-    path = RunDir(run_dir).metrics
-    if not path.is_file():
-        return [], []
-    with path.open() as f:
-        rows = [r for r in csv.DictReader(f) if r["split"] == "val"]
-    return [int(r["step"]) for r in rows], [100 * float(r["acc"]) for r in rows]
-
-
 def plot_curves(root: Path, tasks, seeds, path: Path, variants=MODELS) -> None:
     """Validation accuracy vs step, one panel per task, one line per model and seed."""
     import matplotlib
@@ -450,7 +425,7 @@ def plot_curves(root: Path, tasks, seeds, path: Path, variants=MODELS) -> None:
     for ax, task in zip(axes[0], tasks):
         for model in variants:
             for j, seed in enumerate(seeds):
-                steps, acc = _read_val_curve(root / f"{task}-{model}" / f"seed{seed}")
+                steps, acc = read_val_curve(root / f"{task}-{model}" / f"seed{seed}")
                 ax.plot(
                     steps,
                     acc,
