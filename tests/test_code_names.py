@@ -320,7 +320,7 @@ def test_vocabulary_encodes_and_decodes_like_ogb():
 
 
 def _tiny_models(tmp_path):
-    from tests.helpers import tiny_glfusion_models
+    from helpers import tiny_glfusion_models
 
     return tiny_glfusion_models(tmp_path)
 

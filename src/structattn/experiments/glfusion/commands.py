@@ -16,9 +16,21 @@ from structattn.errors import ConfigError
 from ..commands import PresetCommand, check_sampling, parse_command
 from .ablate import GLFUSION_ABLATIONS
 from .code.config import CodeNamesConfig, load_code_config
+from .code.table import ROWS as CODE_ROWS
 from .config import GLFusionTrainConfig, load_glfusion
 
-__all__ = ["COMMANDS", "Ablate", "Baselines", "CodeTrain", "Generate", "Predict", "Train", "main"]
+__all__ = [
+    "COMMANDS",
+    "Ablate",
+    "Baselines",
+    "CodeAblate",
+    "CodeGenerate",
+    "CodeTrain",
+    "Generate",
+    "Predict",
+    "Train",
+    "main",
+]
 
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
@@ -26,6 +38,8 @@ USAGE = (
     "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] [--graph DIR] "
     "| structattn glfusion generate RUN_DIR --node N --prompt TEXT [--graph DIR] "
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
+    "| structattn glfusion ablate --dataset code-names [--preset cpu-llm] [--rows ...] "
+    "| structattn glfusion generate --dataset code-names RUN_DIR --file F.py --function NAME "
     "| structattn glfusion baselines [--preset recipe] [--against ablations.json]"
 )
 
@@ -146,6 +160,51 @@ class Ablate:
         print(out["table"])
 
 
+CodeRow = Literal[tuple(CODE_ROWS)]  # type: ignore[valid-type]
+
+
+@dataclass
+class CodeAblate:
+    """code-names: OGB's GNNs, the LLM reading the tree or the code, GL-Fusion and its
+    ablations, every seed on the same examples, one table with shallow baselines and GL-Fusion's
+    paired differences (results/glfusion-code/<preset>/table.md)."""
+
+    dataset: Literal["code-names"] = "code-names"  # selects this table
+    preset: str = "cpu-llm"  # the preset of the LLM rows (glfusion-code)
+    gnn_preset: str = "cpu-gnn"  # the preset of the GNN rows (the same example draw)
+    config: str = "glfusion-code"  # experiment file: a shipped name or a YAML path
+    seeds: tuple[int, ...] = (0, 1, 2)  # seeds per row
+    rows: tuple[CodeRow, ...] = tuple(CODE_ROWS)  # the rows to train and table
+    lr_sweep: tuple[float, ...] = ()  # tune each GNN's lr on validation first (one seed)
+    llm_lr_sweep: tuple[float, ...] = ()  # the same for the LLM models (ablations inherit)
+    out_dir: Path = Path("results/glfusion-code")  # runs and the table go to <out_dir>/<preset>/
+    threads: int | None = None  # torch threads (default: torch's choice)
+    progress: Annotated[bool, tyro.conf.FlagCreatePairsOff] = True  # tqdm bars per run
+    # train nothing: table the finished runs
+    summary_only: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
+    # change preset keys of every run: KEY=VALUE, dotted keys, YAML values (e.g.
+    # train.max_steps=2 max_train=8); shrinks the table to seconds
+    set: tuple[str, ...] = ()
+
+    def run(self) -> None:
+        from structattn.cli import parse_settings
+
+        from .code.table import code_names_table, table_markdown
+
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        load_preset(self.config, self.preset)  # a bad preset stops before anything trains
+        load_preset(self.config, self.gnn_preset)
+        out = code_names_table(self.preset, self.gnn_preset, self.seeds, self.rows,
+                               self.out_dir, self.lr_sweep or None, self.llm_lr_sweep or None,
+                               config=self.config, progress=self.progress,
+                               train_missing=not self.summary_only,
+                               **parse_settings(self.set))  # fmt: skip
+        print(table_markdown(out))
+
+
 @dataclass
 class Generate:
     """Free text about a node: its subgraph in the prompt, your question after it, the run's
@@ -170,6 +229,28 @@ class Generate:
                                    temperature=self.temperature, top_k=self.top_k,
                                    seed=self.seed)  # fmt: skip
         print(text)
+
+
+@dataclass
+class CodeGenerate:
+    """code-names: the name a finished run predicts for one function of a Python file (its tree
+    built as the dataset builds it, the name masked), beside the true name (one JSON line)."""
+
+    run_dir: tyro.conf.Positional[Path]  # a code-names run directory (with best.safetensors)
+    file: Path  # a Python source file
+    function: str  # the function's name, or Class.method
+    dataset: Literal["code-names"] = "code-names"  # selects this command
+    head: Literal["lm", "gnn"] | None = None  # GL-Fusion's head (default: the run's choice)
+
+    def run(self) -> None:
+        from .code.generate import name_function
+
+        try:
+            source = self.file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--file {self.file}: cannot read it as UTF-8 text ({err})") from None
+        print(json.dumps(name_function(self.run_dir, source, self.function, str(self.file),
+                                       head=self.head)))  # fmt: skip
 
 
 def _graph(path: Path | None):
@@ -220,12 +301,13 @@ def main(argv: list[str]) -> None:
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         raise ConfigError(USAGE)
     trainer = CodeTrain if _wants_code_names(argv[1:]) else Train
+    code = _wants_code_names(argv[1:])
     train = trainer.defaults(argv[1:]) if argv[0] == "train" else trainer()
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
         Annotated[trainer, tyro.conf.subcommand("train", default=train)],
         Annotated[Predict, tyro.conf.subcommand("predict")],
-        Annotated[Generate, tyro.conf.subcommand("generate")],
-        Annotated[Ablate, tyro.conf.subcommand("ablate")],
+        Annotated[CodeGenerate if code else Generate, tyro.conf.subcommand("generate")],
+        Annotated[CodeAblate if code else Ablate, tyro.conf.subcommand("ablate")],
         Annotated[Baselines, tyro.conf.subcommand("baselines")],
     ]
     command = parse_command(choices, argv, prog="structattn glfusion",

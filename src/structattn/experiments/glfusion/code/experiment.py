@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from .gnn import NameGNN, Vocabulary, graph_data
 from .metrics import name_scores
 from .report import run_table
 
-__all__ = ["LLMNaming", "MethodNaming", "train_code_names"]
+__all__ = ["LLMNaming", "MethodNaming", "NamingParts", "build_naming_lm", "train_code_names"]
 
 DRAW_SEED = 0  # the draw of max_train / max_val / max_test examples: one for every model and seed
 EXAMPLES_SHOWN = 12  # test predictions written beside the true names
@@ -153,47 +154,19 @@ class LLMNaming(MethodNaming):
         return self.cfg.model == "glfusion"
 
     def build_data(self) -> None:
-        from structattn.glfusion.build import stop_token_ids
-        from structattn.glfusion.configuration import GLFusionConfig
-        from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
-        from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
+        from structattn.glfusion.loading import EncodingCache
 
-        from .llm import NamingLM, build_prompt
+        from .llm import build_prompt
 
         super().build_data()
         cfg = self.cfg
-        dtype = torch.bfloat16 if cfg.llm_dtype == "bfloat16" else torch.float32
-        base, tok = self._llm if self._llm is not None else load_llm(cfg.llm, dtype=dtype)
-        self.tokenizer, self.stop_ids = tok, stop_token_ids(tok)
+        parts = build_naming_lm(cfg, len(self.vocab.subtokens), self._llm, self._encoder)
+        self.model, self.tokenizer, self.stop_ids = parts.model, parts.tokenizer, parts.stop_ids
         graph = self.graph_mode
-        if graph:
-            enc_model, enc_tok = (self._encoder if self._encoder is not None
-                                  else load_text_encoder(cfg.encoder))  # fmt: skip
-            text_dim = enc_model.config.hidden_size
-        else:
-            enc_model = enc_tok = None
-            text_dim = 8  # unused: no graph reaches the model
-        n_layers = base.config.num_hidden_layers
-        vocab = len(self.vocab.subtokens)
-        gl_config = GLFusionConfig(
-            text_dim=text_dim,
-            num_node_classes=MAX_SUBTOKENS * vocab if cfg.gnn_head else 1,
-            edge_dim=text_dim if cfg.edge_texts else 0,
-            message_passing_layers=list(range(0, n_layers, 4)) if cfg.message_passing else [],
-            cross_attention_layers=list(range(3, n_layers, 4)) if cfg.cross_attention else [],
-        )
-        torch.manual_seed(cfg.seed)
-        glf = GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tok)
-        glf = apply_lora(glf, r=cfg.lora_r, alpha=cfg.lora_alpha)
-        if not graph:  # the base LLM alone: GL-Fusion's modules receive nothing, so freeze them
-            for name, p in glf.named_parameters():
-                if name.startswith("glf_"):
-                    p.requires_grad_(False)
-        self.model = NamingLM(glf, vocab if (graph and cfg.gnn_head) else None)
-        c = glf.config
+        c = parts.model.glf.config
         self.prompts = {
-            s: [build_prompt(ex, cfg.model, tok, c.node_id, c.graph_start_id, c.graph_end_id,
-                             cfg.max_prompt_tokens,
+            s: [build_prompt(ex, cfg.model, self.tokenizer, c.node_id, c.graph_start_id,
+                             c.graph_end_id, cfg.max_prompt_tokens,
                              self.vocab.encode_target(ex.subtokens) if graph else None)
                 for ex in exs]
             for s, exs in self.splits.items()
@@ -201,7 +174,7 @@ class LLMNaming(MethodNaming):
         self.cache = None
         if graph:
             root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
-            self.cache = EncodingCache(root / "encodings", enc_model, enc_tok, cfg.text_tokens)
+            self.cache = EncodingCache(root / "encodings", *parts.encoder, cfg.text_tokens)
             texts = {
                 t for ps in self.prompts.values() for p in ps for t in (*p.texts, *p.edge_texts)
             }
@@ -290,6 +263,58 @@ class LLMNaming(MethodNaming):
             self.engine.write_json("vocabulary.json", self.vocab.to_dict())
             self.engine.dir.write_text("results.md", run_table(results) + "\n")
         return results
+
+
+@dataclass
+class NamingParts:
+    """An LLM model of code-names before training: the model, its tokenizer and stop tokens,
+    and (GL-Fusion) the sentence encoder of node and edge texts."""
+
+    model: nn.Module
+    tokenizer: Any
+    stop_ids: list[int]
+    encoder: tuple[Any, Any] | None
+
+
+def build_naming_lm(cfg: CodeNamesConfig, num_subtokens: int, llm=None, encoder=None):
+    """The :class:`~.llm.NamingLM` of ``cfg.model`` over a vocabulary of ``num_subtokens``
+    target sub-tokens: the LLM with GL-Fusion's modules (those of the ablations turned off) and
+    LoRA, seeded by ``cfg.seed``; for the text-only models GL-Fusion's modules are frozen (they
+    receive nothing). ``llm`` / ``encoder`` are ``(model, tokenizer)`` pairs, else loaded
+    offline from ``cfg.llm`` / ``cfg.encoder``."""
+    from structattn.glfusion.build import stop_token_ids
+    from structattn.glfusion.configuration import GLFusionConfig
+    from structattn.glfusion.loading import load_llm, load_text_encoder
+    from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
+
+    from .llm import NamingLM
+
+    dtype = torch.bfloat16 if cfg.llm_dtype == "bfloat16" else torch.float32
+    base, tok = llm if llm is not None else load_llm(cfg.llm, dtype=dtype)
+    graph = cfg.model == "glfusion"
+    enc = None
+    if graph:
+        enc = encoder if encoder is not None else load_text_encoder(cfg.encoder)
+        text_dim = enc[0].config.hidden_size
+    else:
+        text_dim = 8  # unused: no graph reaches the model
+    n_layers = base.config.num_hidden_layers
+    gl_config = GLFusionConfig(
+        text_dim=text_dim,
+        num_node_classes=MAX_SUBTOKENS * num_subtokens if cfg.gnn_head else 1,
+        edge_dim=text_dim if cfg.edge_texts else 0,
+        message_passing_layers=list(range(0, n_layers, 4)) if cfg.message_passing else [],
+        cross_attention_layers=list(range(3, n_layers, 4)) if cfg.cross_attention else [],
+    )
+    torch.manual_seed(cfg.seed)
+    glf = GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tok)
+    glf = apply_lora(glf, r=cfg.lora_r, alpha=cfg.lora_alpha)
+    if not graph:
+        for name, p in glf.named_parameters():
+            if name.startswith("glf_"):
+                p.requires_grad_(False)
+    model = NamingLM(glf, num_subtokens if (graph and cfg.gnn_head) else None)
+    return NamingParts(model, tok, stop_token_ids(tok), enc)
 
 
 def train_code_names(cfg: CodeNamesConfig, data: CodeNames | None = None, progress: bool = True,
