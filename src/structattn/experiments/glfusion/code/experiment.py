@@ -214,23 +214,26 @@ class LLMNaming(MethodNaming):
 
     @torch.no_grad()
     def predict(self, model: nn.Module, split: str, limit: int | None = None, head: str = "lm"):
-        """Generated names (``head="lm"``) or the GNN head's (``head="gnn"``)."""
+        """Generated names (``head="lm"``) or the GNN head's (``head="gnn"``), under the
+        engine's autocast (``--train.bf16`` generates in bfloat16 as it trains)."""
         was_training = model.training
         model.eval()
         out: list[list[str]] = []
         try:
             for b in self._batches(split, limit):
-                graph = b.get("graph")
-                if head == "gnn":
-                    ids = model.head_ids(b["input_ids"], b["attention_mask"], graph)
-                    out.extend(self.vocab.decode(row.tolist()) for row in ids)
-                else:
-                    out.extend(model.generate_names(b["input_ids"], b["attention_mask"], graph,
-                                                    self.tokenizer, self.stop_ids,
-                                                    self.cfg.max_new_tokens))  # fmt: skip
+                with self.engine.accelerator.autocast():
+                    out.extend(self._predict_batch(model, b, head))
         finally:
             model.train(was_training)
         return out
+
+    def _predict_batch(self, model: nn.Module, b: dict, head: str) -> list[list[str]]:
+        graph = b.get("graph")
+        if head == "gnn":
+            ids = model.head_ids(b["input_ids"], b["attention_mask"], graph)
+            return [self.vocab.decode(row.tolist()) for row in ids]
+        return model.generate_names(b["input_ids"], b["attention_mask"], graph, self.tokenizer,
+                                    self.stop_ids, self.cfg.max_new_tokens)  # fmt: skip
 
     def scores(self, model: nn.Module, split: str, limit: int | None = None, head: str = "lm"):
         preds = self.predict(model, split, limit, head)
