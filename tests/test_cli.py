@@ -116,23 +116,25 @@ def test_internal_errors_keep_their_traceback(monkeypatch):
         main(["train", "--config", "listops-hkt", "--train.max-steps", "1"])
 
 
-def test_reproduce_set_shrinks_a_run_to_seconds(lra_data_dir, tmp_path, capsys):
+@pytest.mark.parametrize("preset", ["cpu", "cpu512"])
+def test_reproduce_set_shrinks_a_run_to_seconds(lra_data_dir, tmp_path, capsys, preset):
     """``reproduce --set KEY=VALUE`` changes preset keys of every run (dotted keys, YAML values),
-    so the documented command is testable in seconds; the runs record the changed keys."""
+    so the documented command (``cpu``, and ``cpu512`` at the paper's ListOps length) is
+    testable in seconds; the runs record the changed keys."""
     out = tmp_path / "out"
     main([
-        "reproduce", "--preset", "cpu", "--tasks", "listops", "--seeds", "0", "--no-progress",
+        "reproduce", "--preset", preset, "--tasks", "listops", "--seeds", "0", "--no-progress",
         "--out-dir", str(out), "--data-dir", str(lra_data_dir),
         "--set", "train.max_steps=2", "train.eval_every=2", "train.batch_size=4",
         "data.seq_len=32", "data.listops_min_length=4", "data.listops_sizes=[40,8,8]",
         "model.d_model=16", "model.n_layers=1",
     ])  # fmt: skip
     assert "| listops |" in capsys.readouterr().out
-    results = json.loads((out / "cpu" / "results.json").read_text())
+    results = json.loads((out / preset / "results.json").read_text())
     assert results["overrides"]["train"]["max_steps"] == 2
     assert results["overrides"]["data"]["listops_sizes"] == [40, 8, 8]
     for model in ("hkt", "mha"):
-        final = json.loads((out / "cpu" / f"listops-{model}" / "seed0" / "final.json").read_text())
+        final = json.loads((out / preset / f"listops-{model}" / "seed0" / "final.json").read_text())
         assert final["steps"] == 2
     for bad, message in ((["train.max_steps"], "KEY=VALUE"), (["a..b=1"], "dotted key"),
                          (["train=1", "train.x=2"], "used as a section")):  # fmt: skip
