@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_code_names import FILES, _build
 
 from structattn.errors import ConfigError
 from structattn.experiments.glfusion.code.metrics import name_scores
@@ -14,7 +15,6 @@ from structattn.experiments.glfusion.code.table import (
     shallow_baselines,
     table_markdown,
 )
-from test_code_names import FILES, _build
 
 TINY = """
 llm:
@@ -176,10 +176,11 @@ def test_generate_names_what_it_cannot_find(tmp_path):
 def test_generate_with_glfusion_matches_the_runs_own_prediction(tmp_path):
     """A GL-Fusion run loaded back names a test function as the run's own evaluation did,
     with either head."""
+    from helpers import tiny_glfusion_models
+
     from structattn.engine.config import TrainConfig
     from structattn.experiments.glfusion.code import CodeNamesConfig, train_code_names
     from structattn.experiments.glfusion.code.generate import name_function
-    from helpers import tiny_glfusion_models
 
     train = TrainConfig(max_steps=2, batch_size=2, eval_every=2, log_every=1)
     cfg = CodeNamesConfig(model="glfusion", run_dir=tmp_path / "run", data_dir=tmp_path,

@@ -361,6 +361,29 @@ def test_gradient_accumulation_matches_one_batch(tmp_path):
     torch.testing.assert_close(runs[4], runs[1], rtol=1e-6, atol=1e-7)
 
 
+class _AutocastProbe(_Toy):
+    """Records whether CPU autocast is on in each forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x, y):
+        self.seen.append(torch.is_autocast_enabled("cpu"))
+        return super().forward(x, y)
+
+
+def test_one_process_trains_float32_then_bfloat16_then_float32(tmp_path):
+    """A table trains float32 rows (the GNNs) and bfloat16-autocast rows (the LLMs) in one
+    process: each run gets the precision its config asks for, in either order."""
+    for i, bf16 in enumerate((False, True, False)):
+        engine = _toy_engine(tmp_path / f"r{i}", bf16=bf16, max_steps=2)
+        assert engine.accelerator.mixed_precision == ("bf16" if bf16 else "no")
+        probe = _AutocastProbe()
+        engine.fit(probe, _toy_items(), _toy_collate, lambda m: {"neg_loss": 0.0})
+        assert probe.seen and set(probe.seen) == {bf16}
+
+
 def test_empty_validation_or_test_split_is_an_error(lra_data_dir, tmp_path):
     from structattn.data import load_task
 

@@ -102,6 +102,18 @@ class _StopSignals:
         self._previous.clear()
 
 
+def _release_precision(mixed: str) -> None:
+    """Let one process train runs of different precisions one after another (a table's GNN rows
+    in float32, then its LLM rows under bfloat16 autocast): accelerate keeps one
+    ``AcceleratorState`` per process and refuses another ``mixed_precision``. The state that
+    holds the precision is dropped; the process group (``PartialState``) is kept."""
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if state and state.get("_mixed_precision") not in (None, mixed):
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 class Engine:
     """One training run in ``run_dir``. Create it first (it sets up ``accelerate``, checks the
     run directory and seeds every RNG), then build data and model, then call :meth:`fit`.
@@ -141,9 +153,9 @@ class Engine:
         self.resume = resume
         # torchrun on machines without CUDA: accelerate needs cpu=True to form a gloo group.
         multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-        self.accelerator = Accelerator(
-            mixed_precision="bf16" if train.bf16 else "no", cpu=multi_cpu
-        )
+        mixed = "bf16" if train.bf16 else "no"
+        _release_precision(mixed)
+        self.accelerator = Accelerator(mixed_precision=mixed, cpu=multi_cpu)
         self.is_main = self.accelerator.is_main_process
         if overwrite and resume:
             raise RunError("--overwrite starts the run afresh: it cannot be combined with --resume")
