@@ -109,8 +109,7 @@ def _release_precision(mixed: str) -> None:
     holds the precision is dropped; the process group (``PartialState``) is kept."""
     from accelerate.state import AcceleratorState
 
-    state = AcceleratorState._shared_state
-    if state and state.get("_mixed_precision") not in (None, mixed):
+    if AcceleratorState._shared_state.get("_mixed_precision", mixed) != mixed:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
