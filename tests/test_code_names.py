@@ -371,3 +371,31 @@ def test_llm_models_train_and_report(tmp_path, model):
     assert (tmp_path / "run" / "results.md").is_file()
     if model == "glfusion":
         assert any((tmp_path / "encodings").iterdir())  # node and edge texts encoded once, cached
+
+
+def test_glfusion_groups_give_the_gates_their_own_learning_rate(tmp_path):
+    """At optim.lr the zero-initialised gates stay nearly shut for a short run: code-names'
+    GL-Fusion trains them at gate_lr, its modules, GNN head and LoRA each at theirs; the text
+    models train LoRA alone."""
+    from structattn.experiments.glfusion.code import CodeNamesConfig
+    from structattn.experiments.glfusion.code.experiment import LLMNaming, build_naming_lm
+    from structattn.experiments.glfusion.groups import parameter_kind
+
+    rates = {"gates": 0.02, "modules": 0.003, "head": 0.004, "lora": 0.0005}
+    for model in ("glfusion", "llm-code"):
+        (tmp_path / model).mkdir()
+        llm, encoder = _tiny_models(tmp_path / model)  # LoRA is applied in place: fresh ones
+        cfg = CodeNamesConfig(model=model, gate_lr=0.02, module_lr=0.003, head_lr=0.004,
+                              lora_lr=0.0005)  # fmt: skip
+        cfg.optim.lr = 0.001
+        naming = build_naming_lm(cfg, 10, llm, encoder).model
+        groups = LLMNaming(cfg, progress=False).param_groups(naming)
+        kinds = {parameter_kind(n): g["lr"] for g in groups for n in g["names"]}
+        assert all(rates[k] == lr for k, lr in kinds.items())
+        want = {"gates", "modules", "head", "lora"} if model == "glfusion" else {"lora"}
+        assert set(kinds) == want
+        grouped = {id(p) for g in groups for p in g["params"]}
+        trainable = {id(p) for p in naming.parameters() if p.requires_grad}
+        assert grouped == trainable  # every trainable parameter once, nothing frozen
+    with pytest.raises(ValueError, match="gate_lr"):
+        CodeNamesConfig(model="glfusion", gate_lr=0.0)

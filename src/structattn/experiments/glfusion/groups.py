@@ -24,7 +24,8 @@ def parameter_kind(name: str) -> str:
 
 def glfusion_param_groups(model: GLFusionForCausalLM, cfg: GLFusionTrainConfig) -> list[dict]:
     """AdamW groups with their own learning rates: gates, GL-Fusion modules, the GNN head and
-    LoRA (each ``None`` takes ``optim.lr``); within each, the engine's decay rule."""
+    LoRA (each ``None`` takes ``optim.lr``); within each, the engine's decay rule. ``cfg`` is any
+    config with ``optim`` and the four ``*_lr`` fields (code-names' too)."""
     lrs = {"gates": cfg.gate_lr, "modules": cfg.module_lr, "head": cfg.head_lr,
            "lora": cfg.lora_lr}  # fmt: skip
     out = []

@@ -66,6 +66,13 @@ class CodeNamesConfig(RunConfig):
     cross_attention: bool = True  # graph-text cross-attention after layers 3, 7, 11, ...
     edge_texts: bool = True  # edge texts as message-passing edge features (false: one shared)
     gnn_head: bool = True  # train the twin GNN head beside the LM head
+    # learning rates of GL-Fusion's parameter groups (None: optim.lr). The tanh gates start at
+    # 0 and Adam moves a scalar by about lr per step, so at optim.lr they stay nearly shut for
+    # a short run: the graph paths need gate_lr (see docs/glfusion.md)
+    gate_lr: float | None = None  # the message-passing and cross-attention gates
+    module_lr: float | None = None  # GL-Fusion modules: node projection, MP, cross-attention
+    head_lr: float | None = None  # the twin GNN head
+    lora_lr: float | None = None  # the LoRA adapters (every LLM model)
 
     def __post_init__(self) -> None:
         if self.dataset != "code-names":
@@ -85,6 +92,10 @@ class CodeNamesConfig(RunConfig):
         for key in ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("gate_lr", "module_lr", "head_lr", "lora_lr"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ValueError(f"{key} must be > 0 or None, got {value}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 

@@ -190,6 +190,13 @@ class LLMNaming(MethodNaming):
     def build_model(self) -> nn.Module:
         return self.model
 
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """GL-Fusion's groups (gates, modules, GNN head, LoRA), each at its own learning rate;
+        the text-only models train LoRA alone (``lora_lr``)."""
+        from structattn.experiments.glfusion.groups import glfusion_param_groups
+
+        return glfusion_param_groups(model.glf, self.cfg)
+
     def encode(self, texts):
         return self.cache.get(texts)
 
