@@ -21,7 +21,8 @@ def losses(exp: LLMNaming, model, prompts, batch: int = 4) -> tuple[float, float
     rows = []
     for i in range(0, len(prompts), batch):
         b = exp.collate(prompts[i : i + batch])
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        # the run's precision (its train.bf16), as its validation ran
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=exp.cfg.train.bf16):
             out = model(b["input_ids"], b["attention_mask"], labels=b["labels"], graph=b["graph"],
                         name_ids=b["name_ids"])  # fmt: skip
         rows.append((out.lm_loss.item(), out.gnn_loss.item()))

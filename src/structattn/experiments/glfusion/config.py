@@ -49,6 +49,19 @@ def _default_train() -> TrainConfig:
     return TrainConfig(max_steps=150, batch_size=4, eval_every=50, log_every=1)
 
 
+#: The learning rates of GL-Fusion's optimizer groups (``None``: ``optim.lr``), read by
+#: :func:`.groups.glfusion_param_groups`; the WordNet and code-names configs both have them.
+GROUP_RATES = ("gate_lr", "module_lr", "head_lr", "lora_lr")
+
+
+def check_group_rates(cfg: Any) -> None:
+    """Each of :data:`GROUP_RATES` of ``cfg`` is ``None`` or positive."""
+    for key in GROUP_RATES:
+        value = getattr(cfg, key)
+        if value is not None and not value > 0:
+            raise ValueError(f"{key} must be > 0 or None, got {value}")
+
+
 @dataclass
 class GLFusionTrainConfig(RunConfig):
     """GL-Fusion node classification: data, models, sampling; ``optim`` and ``train`` are the
@@ -112,10 +125,7 @@ class GLFusionTrainConfig(RunConfig):
             raise ValueError(f"lm_loss must be tokens or labels, got {self.lm_loss!r}")
         if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:
             raise ValueError(f"ensemble_weight must be in [0, 1] or None: {self.ensemble_weight}")
-        for key in ("gate_lr", "module_lr", "head_lr", "lora_lr"):
-            value = getattr(self, key)
-            if value is not None and value <= 0:
-                raise ValueError(f"{key} must be > 0 or None, got {value}")
+        check_group_rates(self)
         for key in (
             "max_train",
             "max_val",

@@ -9,6 +9,8 @@ from pathlib import Path
 from structattn.data.base import default_data_dir
 from structattn.engine.config import OptimConfig, RunConfig, TrainConfig, load_config
 
+from ..config import check_group_rates
+
 __all__ = ["GNN_MODELS", "MODELS", "CodeNamesConfig", "load_code_config"]
 
 #: The models of the table: OGB's two GNN baselines (:mod:`.gnn`), the LLM reading the tree as
@@ -92,10 +94,7 @@ class CodeNamesConfig(RunConfig):
         for key in ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("gate_lr", "module_lr", "head_lr", "lora_lr"):
-            value = getattr(self, key)
-            if value is not None and not value > 0:
-                raise ValueError(f"{key} must be > 0 or None, got {value}")
+        check_group_rates(self)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
