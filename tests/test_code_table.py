@@ -114,6 +114,11 @@ def test_lr_sweep_keeps_the_best_validation_rate(setup):
 
     cfg = RunDir(tmp_path / "out" / "llm" / "gin" / "seed0").read_config()
     assert cfg["optim"]["lr"] == pytest.approx(float(best)) and cfg["seed"] == 0
+    # the summary alone trains no sweep run: a rate not run yet is left out of the choice
+    again = code_names_table(seeds=(0,), rows=("gin",), lr_sweep=(1e-3, 1e-2, 1e-4),
+                             train_missing=False, **kw)  # fmt: skip
+    assert not (root / "lr0.0001").exists()
+    assert again["lr_sweep"]["gin"] == sweep and again["summary"] == res["summary"]
 
 
 def test_table_rejects_bad_requests(setup):

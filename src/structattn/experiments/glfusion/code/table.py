@@ -134,8 +134,9 @@ def _check(jobs: _Jobs, rows, seeds, lr_sweep, llm_lr_sweep) -> None:
         )
 
 
-def _tune(jobs: _Jobs, root: Path, rows, lr_sweep, llm_lr_sweep, log):
-    """Each base model's learning rate, chosen on validation F1 (one seed per rate)."""
+def _tune(jobs: _Jobs, root: Path, rows, lr_sweep, llm_lr_sweep, log, train_missing=True):
+    """Each base model's learning rate, chosen on validation F1 (one seed per rate); with
+    ``train_missing=False`` only from the sweep runs that are already finished."""
     tuned, sweeps = {}, {}
     for model in dict.fromkeys(_base_model(r) for r in rows):
         rates = lr_sweep if model in GNN_MODELS else llm_lr_sweep
@@ -147,7 +148,7 @@ def _tune(jobs: _Jobs, root: Path, rows, lr_sweep, llm_lr_sweep, log):
             run_dir = root / "sweep" / model / f"lr{lr:g}"
             return jobs.run(("sweep", model, lr), model, SWEEP_SEED, run_dir, label, lr)
 
-        done = run_sweep([make(lr) for lr in rates], root=root, log=log)
+        done = run_sweep([make(lr) for lr in rates], train_missing, root=root, log=log)
         scores = {f"{k[2]:g}": r["val"]["f1"] for k, r in done.finals.items()}
         if scores:  # ties go to the smaller rate
             best = max(scores, key=lambda k: (scores[k], -float(k)))
@@ -294,7 +295,7 @@ def code_names_table(
     _check(jobs, rows, seeds, lr_sweep, llm_lr_sweep)
     root = Path(out_dir) / preset
     log = None if progress else (lambda text: None)
-    tuned, sweeps = _tune(jobs, root, rows, lr_sweep, llm_lr_sweep, log)
+    tuned, sweeps = _tune(jobs, root, rows, lr_sweep, llm_lr_sweep, log, train_missing)
     runs = [
         jobs.run((row, s), row, s, root / row / f"seed{s}", f"[code-names] {row} seed {s}",
                  tuned.get(_base_model(row)))
