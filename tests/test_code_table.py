@@ -92,6 +92,7 @@ def test_table_trains_every_row_and_pairs_by_seed(setup):
     assert "GL-Fusion without message passing" in md and "most frequent name" in md
     assert "GL-Fusion − GCN + virtual node (OGB)" in md
     assert json.loads((root / "table.json").read_text())["rates"]["gcn"] == pytest.approx(1e-3)
+    assert (root / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a second call reads every finished run back and trains nothing
     before = {p: p.stat().st_mtime_ns for p in root.rglob("final.json")}

@@ -34,6 +34,7 @@ __all__ = [
     "ROWS",
     "SWEEP_SEED",
     "code_names_table",
+    "plot_table",
     "shallow_baselines",
     "table_markdown",
 ]
@@ -269,6 +270,35 @@ def table_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot_table(results: dict[str, Any], path: Path) -> Path:
+    """Test F1 of every seed (dots) and its mean (bar) per row, the shallow baselines as
+    dashed lines: whether a row leaves the floor is seen at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(results["summary"]["rows"].values())
+    fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 4))
+    for i, r in enumerate(rows):
+        if r["test_f1"]:
+            ax.bar(i, r["mean"], color="tab:blue", alpha=0.35, width=0.6)
+            ax.plot([i] * len(r["test_f1"]), r["test_f1"], "o", color="tab:blue", ms=5)
+    for (label, b), style in zip(results["shallow"].items(), ("--", ":")):
+        guess = " ".join(b["guess"]) or "(nothing)"
+        ax.axhline(b["test"]["f1"], color="tab:red", ls=style, lw=1,
+                   label=f"{label} ({guess}), shallow")  # fmt: skip
+    ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=25, ha="right",
+                  fontsize=8)  # fmt: skip
+    ax.set(ylabel="test F1 (%)", title=f"code-names, test F1 per seed (preset {results['preset']})")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def code_names_table(
     preset: str = "cpu-llm",
     gnn_preset: str = "cpu-gnn",
@@ -284,9 +314,9 @@ def code_names_table(
     **overrides: Any,
 ) -> dict[str, Any]:
     """Train what is missing of every row and seed (learning rates swept first when asked),
-    then write ``table.md`` / ``table.json`` to ``<out_dir>/<preset>/``. ``models()`` may
-    return fresh ``(llm, encoder)`` pairs for the LLM rows (tests); otherwise they load
-    offline per run. ``overrides`` change every run's config (``max_train=100``)."""
+    then write ``table.md`` / ``table.json`` / ``table.png`` to ``<out_dir>/<preset>/``.
+    ``models()`` may return fresh ``(llm, encoder)`` pairs for the LLM rows (tests); otherwise
+    they load offline per run. ``overrides`` change every run's config (``max_train=100``)."""
     from ...sweep import plateau
 
     started = time.perf_counter()
@@ -326,4 +356,5 @@ def code_names_table(
     root.mkdir(parents=True, exist_ok=True)
     (root / "table.json").write_text(json.dumps(json_safe(results), indent=2, allow_nan=False))
     (root / "table.md").write_text(table_markdown(results) + "\n")
+    plot_table(results, root / "table.png")
     return results
