@@ -3,13 +3,17 @@
 A quick ListOps HKT run (``structattn train``), a quick byte-LM run (``structattn lm``) and a
 tiny GL-Fusion run (tiny Llama + BERT built here, so no model files are needed) are trained
 from scratch on one thread; every ``metrics.csv`` column except the wall-clock ``step_ms`` is
-compared as text.
+compared as text, and the sha256 of each run's best weights (names, shapes and bytes) where
+the reference holds one: rounded metrics can hide a change of a few ulps in a kernel that a
+1500-step run turns into another table.
 
     python benchmarks/identical_runs.py --save ref.json      # on the commit before a change
     python benchmarks/identical_runs.py --check ref.json     # after it: exit 1 on any difference
 
 ``benchmarks/identical_runs.json`` holds the runs as commit 54af103 wrote them on the 2-core
-x86-64 CPU machine (float32 on one thread; another CPU may round differently).
+x86-64 CPU machine (float32 on one thread; another CPU may round differently); the weights of
+the ListOps HKT run (through the default kernel, ``impl="auto"``, the C++ kernel) and the LM
+run were added from commit a5c38f1, whose metrics are those of 54af103.
 """
 
 from __future__ import annotations
@@ -199,6 +203,21 @@ def run_glfusion(root: Path) -> Path:
 RUNS = {"listops": run_listops, "lm": run_lm, "glfusion": run_glfusion}
 
 
+def _weights_digest(run_dir: Path) -> str | None:
+    """sha256 of the best weights' tensors (names, dtypes, shapes and bytes; metadata left
+    out), or None when the run keeps no ``best.safetensors``."""
+    from safetensors.torch import load_file
+
+    path = run_dir / "best.safetensors"
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(path).items()):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group(required=True)
@@ -210,15 +229,23 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.runs:
             (Path(tmp) / name).mkdir()
-            rows = _rows(RUNS[name](Path(tmp) / name))
+            metrics = RUNS[name](Path(tmp) / name)
+            rows = _rows(metrics)
             digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
-            got[name] = {"sha256": digest, "rows": rows}
-            print(f"{name}: {len(rows)} rows, sha256 {digest[:16]}")
+            weights = _weights_digest(metrics.parent)
+            got[name] = {"sha256": digest, "weights_sha256": weights, "rows": rows}
+            shown = (weights or "-")[:16]
+            print(f"{name}: {len(rows)} rows, sha256 {digest[:16]}, weights {shown}")
     if args.save:
         args.save.write_text(json.dumps(got, indent=1) + "\n")
         return 0
     ref = json.loads(args.check.read_text())
     bad = [n for n in args.runs if ref.get(n, {}).get("sha256") != got[n]["sha256"]]
+    for n in args.runs:  # the weights, where the reference has them
+        want = ref.get(n, {}).get("weights_sha256")
+        if want is not None and want != got[n]["weights_sha256"] and n not in bad:
+            print(f"{n}: metrics identical, trained weights differ")
+            bad.append(n)
     for n in bad:
         first = next(
             (

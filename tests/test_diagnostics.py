@@ -209,3 +209,52 @@ def test_undecimated_levels_equal_the_downsampled_ones_on_the_coarse_grid():
     scores = dg.layer_scores(layer, x[0])
     idx = (torch.arange(50) // 9) * 9
     torch.testing.assert_close(scores.upsampled(2), scores.full_res[2][:, idx][:, :, idx])
+
+
+def test_kurtosis_candidates_match_a_direct_computation():
+    """Each univariate reading of the paper's kappa against scipy on the same populations:
+    fused pre-softmax scores and level-0 scores over the admissible pairs, attention weights
+    after softmax, and the row-wise readings (one query's admissible keys, queries with at
+    least ``min_keys`` of them)."""
+    torch.manual_seed(0)
+    layer = HKTAttention(HKTConfig(d_model=16, n_heads=2, n_levels=3, causal=True)).double()
+    xs = [torch.randn(24, 16, dtype=torch.float64), torch.randn(17, 16, dtype=torch.float64)]
+    scores = [dg.layer_scores(layer, x) for x in xs]
+    got = dg.kurtosis_candidates(scores, min_keys=8)
+    assert set(got) | {"levels_mardia"} == set(dg.KURTOSIS_CANDIDATES)
+    pooled = {"fused_pairs": [], "level0_pairs": [], "softmax_pairs": []}
+    rows = {"fused_rows": [], "softmax_rows": []}
+    for sc in scores:
+        T = sc.seq_len
+        fused = sc.fused().numpy()
+        s0 = sc.levels[0].numpy()
+        for h in range(2):
+            pairs = [(i, j) for i in range(T) for j in range(i + 1)]
+            f = np.array([fused[h, i, j] for i, j in pairs])
+            pooled["fused_pairs"].append((h, f))
+            pooled["level0_pairs"].append((h, np.array([s0[h, i, j] for i, j in pairs])))
+            probs = []
+            for i in range(T):
+                row = fused[h, i, : i + 1]
+                p = np.exp(row - row.max())
+                p /= p.sum()
+                probs.extend(p)
+                if i + 1 >= 8:
+                    rows["fused_rows"].append((h, scipy.stats.kurtosis(row, fisher=False)))
+                    rows["softmax_rows"].append((h, scipy.stats.kurtosis(p, fisher=False)))
+            pooled["softmax_pairs"].append((h, np.array(probs)))
+    for name, items in pooled.items():
+        for h in range(2):
+            values = np.concatenate([v for hh, v in items if hh == h])
+            want = scipy.stats.kurtosis(values, fisher=False)
+            np.testing.assert_allclose(got[name][h].item(), want, rtol=1e-9)
+    np.testing.assert_allclose(got["fused_pairs_index"], got["fused_pairs"] / 3)
+    for name, items in rows.items():
+        for h in range(2):
+            want = np.mean([v for hh, v in items if hh == h])
+            np.testing.assert_allclose(got[name][h].item(), want, rtol=1e-9)
+
+
+def test_kurtosis_of_a_gaussian_is_three():
+    x = torch.from_numpy(np.random.default_rng(4).normal(size=200000))
+    assert abs(dg.kurtosis(x).item() - 3.0) < 0.05

@@ -403,3 +403,51 @@ def test_the_layer_runs_forward_and_backward_on_the_meta_device():
     assert y.shape == (2, 40, 32) and y.device.type == "meta"
     y.sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+def test_projection_views_give_outputs_in_their_layout(dtype, padded):
+    """q, k, v as views of one ``(B, T, 3 H d)`` projection (what the layer passes): the
+    blockwise kernel's output comes back as ``(B, T, H, d)`` memory, so the caller's
+    ``transpose(1, 2).reshape(B, T, H * d)`` is a view and no copy is made; the values equal
+    those of contiguous inputs, padded or not."""
+    if dtype == torch.bfloat16:
+        from structattn.hkt.kernels.fused_cpp import lowp_route
+
+        if not (lowp_route(torch.bfloat16) or "").startswith("brgemm"):
+            pytest.skip("no bfloat16 batch-reduce GEMM on this CPU")
+    impl = available(["fused_cpp"])
+    if not impl:
+        pytest.skip("the C++ kernel could not be built here")
+    B, H, T, d = 2, 4, 40, 8
+    g = torch.Generator().manual_seed(0)
+    proj = torch.randn(B, T, 3 * H * d, generator=g).to(dtype)
+    q0, k0, v = (t.view(B, T, H, d).transpose(1, 2) for t in proj.split(H * d, -1))
+    q1 = torch.randn(B, H, T // 2, d, generator=g).to(dtype)
+    k1 = torch.randn(B, H, T // 2, d, generator=g).to(dtype)
+    lam = torch.softmax(torch.randn(H, 2, generator=g), -1)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    if padded:
+        mask[1, 25:] = False
+    kw = dict(stride=2, causal=False, key_padding_mask=mask, impl="fused_cpp")
+    out = hkt_attention([q0, q1], [k0, k1], v, lam, **kw)
+    assert out.transpose(1, 2).is_contiguous()
+    dense = hkt_attention([q0.contiguous(), q1], [k0.contiguous(), k1], v.contiguous(), lam, **kw)
+    assert torch.equal(out, dense)
+
+
+def test_zero_padded_false_leaves_padded_rows_and_keeps_real_ones():
+    """``zero_padded=False`` skips only the zeroing of padded query rows: real rows are equal
+    to the default call's, padded rows are finite (they attend the real keys)."""
+    q, k, v, theta, _ = make_inputs(33, 3, 2, seed=0)
+    lam = torch.softmax(theta, -1)
+    mask = torch.ones(2, 33, dtype=torch.bool)
+    mask[0, 20:] = False
+    for impl in available(EXACT):
+        kw = dict(stride=2, causal=True, key_padding_mask=mask, impl=impl)
+        zeroed = hkt_attention(q, k, v, lam, **kw)
+        kept = hkt_attention(q, k, v, lam, zero_padded=False, **kw)
+        real = mask[:, None, :, None].expand_as(kept)
+        assert torch.equal(kept[real], zeroed[real])
+        assert (zeroed[~real] == 0).all() and torch.isfinite(kept).all()

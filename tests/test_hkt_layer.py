@@ -360,6 +360,33 @@ def test_compiled_conv_runs_where_expected_and_keeps_nan(monkeypatch):
     torch.testing.assert_close(got_b, ref_b, rtol=0, atol=0)
 
 
+def test_compiled_conv_saves_a_reduced_input_as_given_with_float32_gradients():
+    """A bfloat16 input is widened for the float32 kernel but saved for backward as given
+    (no float32 copy kept alive), and its gradients are exactly those of convolving the
+    float32 copy."""
+    from structattn.hkt import CausalDepthwiseConv
+    from structattn.hkt.kernels.extension import cpu_kernel
+
+    if cpu_kernel() is None:
+        pytest.skip("the C++ kernel could not be built here")
+    torch.manual_seed(0)
+    conv = CausalDepthwiseConv(8, 3, 1)
+    xb = torch.randn(2, 33, 8).to(torch.bfloat16).requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = conv(xb)
+    assert all(t.dtype != torch.float32 or t.numel() == 8 * 3 for t in saved)
+    g = torch.randn(y.shape).to(torch.bfloat16)
+    got = torch.autograd.grad(y, [xb, *conv.parameters()], g)
+    xf = xb.detach().float().requires_grad_(True)
+    yf = conv(xf)
+    want = torch.autograd.grad(yf.to(torch.bfloat16), [xf, *conv.parameters()], g)
+    assert torch.equal(y, yf.to(torch.bfloat16))
+    assert torch.equal(got[0], want[0].to(torch.bfloat16))
+    for a, b in zip(got[1:], want[1:]):
+        assert torch.equal(a, b)
+
+
 def test_fixed_level_weights_stay_uniform_and_are_not_parameters():
     layer = HKTAttention(HKTConfig(d_model=16, n_heads=4, n_levels=3, learn_levels=False))
     assert "level_logits" not in dict(layer.named_parameters())
@@ -369,3 +396,61 @@ def test_fixed_level_weights_stay_uniform_and_are_not_parameters():
     layer(torch.randn(2, 9, 16)).square().sum().backward()
     opt.step()
     torch.testing.assert_close(layer.level_weights(), torch.full((4, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_recomputed_levels_give_the_same_values_and_gradients_bit_for_bit(precision):
+    """``recompute_levels`` (coarse levels rebuilt in backward) against keeping them: outputs
+    and every gradient equal exactly, in float32 and under bfloat16 autocast, with padding."""
+    grads, outs = {}, {}
+    x = _randn(2, 45, 16, dtype=torch.float32)
+    mask = torch.ones(2, 45, dtype=torch.bool)
+    mask[1, 30:] = False
+    for recompute in (True, False):
+        layer = make_layer(dtype=torch.float32, recompute_levels=recompute, causal=False).train()
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            y = layer(xi, key_padding_mask=mask)
+        y.float().square().sum().backward()
+        outs[recompute] = y.detach()
+        grads[recompute] = [xi.grad, *(p.grad for p in layer.parameters())]
+    assert torch.equal(outs[True], outs[False])
+    for a, b in zip(grads[True], grads[False]):
+        assert torch.equal(a, b)
+
+
+def test_recomputed_levels_keep_less_alive_in_a_training_step():
+    """The memory the recomputation is for: peak tensor bytes of forward + backward drop."""
+    from structattn.utils import TensorMemoryTracker
+
+    x = _randn(4, 256, 16, dtype=torch.float32)
+    peaks = {}
+    for recompute in (True, False):
+        layer = make_layer(dtype=torch.float32, recompute_levels=recompute).train()
+        with TensorMemoryTracker() as mem:
+            layer(x.clone().requires_grad_(True)).square().sum().backward()
+        peaks[recompute] = mem.peak_bytes
+    assert peaks[True] < peaks[False]
+
+
+def test_autocast_layer_keeps_no_float32_copy_of_its_input():
+    """Under bfloat16 autocast the layer's float32 input is cast once and the float32 tensor
+    is not saved for backward (the level path and the projections share the bfloat16 copy);
+    the output stays what autocast gives and the attention output reaches the output
+    projection without a copy when nothing is padded."""
+    layer = make_layer(dtype=torch.float32).train()
+    x = _randn(2, 64, 16, dtype=torch.float32).requires_grad_(True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+    assert y.dtype == torch.bfloat16
+    big = [t for t in saved if t.dtype == torch.float32 and t.shape[-2:] == (64, 16)]
+    assert big == []
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()

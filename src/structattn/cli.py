@@ -308,10 +308,15 @@ class Diagnose:
     max_len: int = 256  # truncate them to this length (eigen-decompositions are O(T^3))
 
     def run(self) -> None:
-        from structattn.experiments.lra.diagnose import diagnose, summary_line
+        from structattn.experiments.lra.diagnose import (
+            candidates_markdown,
+            diagnose,
+            summary_line,
+        )
 
         report = diagnose(self.run_dir, self.out_dir, self.sequences, self.max_len)
         print(summary_line(report))
+        print("\n".join(candidates_markdown(report)))
         print("wrote " + ", ".join(report["plots"]) + " and diagnostics.md / .json")
 
 

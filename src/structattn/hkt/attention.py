@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 import tyro
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .decoding.cache import HKTLayerCache
 from .decoding.step import decode, prefill
@@ -43,6 +44,11 @@ class _EmptySlot:
 
 #: Pass as ``cache=`` to a layer to run the prompt and get a new cache back.
 EMPTY = _EmptySlot()
+
+
+def _autocast_on(device: str) -> bool:
+    """Autocast is on for ``device`` (False for devices autocast does not know, e.g. meta)."""
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
 
 @dataclass
@@ -66,6 +72,7 @@ class HKTConfig:
     bias: bool = True  # biases in the Q, K, V and output projections
     attn_dropout: float = 0.0  # dropout on attention probabilities (training only)
     dropout: float = 0.0  # dropout after the output projection (training only)
+    recompute_levels: bool = True  # recompute coarse levels in backward (less memory, same values)
 
     def __post_init__(self) -> None:
         if self.d_model < 1 or self.n_heads < 1:
@@ -176,11 +183,24 @@ class HKTAttention(nn.Module):
         return x.view(B, T, H, width // H).transpose(1, 2)  # (B, H, T, d); B = 0 works too
 
     def levels(self, x: Tensor) -> list[Tensor]:
-        """Inputs of every level ``[X^0, ..., X^{L-1}]``, level ``l`` of shape ``(B, T_l, D)``."""
+        """Inputs of every level ``[X^0, ..., X^{L-1}]``, level ``l`` of shape ``(B, T_l, D)``.
+
+        When gradients are recorded and :attr:`HKTConfig.recompute_levels` is set, the coarse
+        levels are recomputed in the backward pass (``torch.utils.checkpoint``) instead of
+        keeping every convolution, LayerNorm and GELU output alive: the same values and
+        gradients, bit for bit, for a few percent more work on ``T / s + T / s^2 + ...`` rows.
+        """
+        if not self.downsample:
+            return [x]
+        if self.config.recompute_levels and torch.is_grad_enabled():
+            return [x, *checkpoint(self._coarse_levels, x, use_reentrant=False)]
+        return [x, *self._coarse_levels(x)]
+
+    def _coarse_levels(self, x: Tensor) -> list[Tensor]:
         out = [x]
         for down in self.downsample:
             out.append(down(out[-1]))
-        return out
+        return out[1:]
 
     def forward(
         self,
@@ -218,9 +238,14 @@ class HKTAttention(nn.Module):
             if cache is not None:
                 raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
             return self.o_proj(self.v_proj(x))
+        lam = self.level_weights().to(x.dtype)  # (H, L)
+        device = x.device.type
+        if cache is None and x.dtype == torch.float32 and _autocast_on(device):
+            # One reduced-precision copy of X feeds the projections (autocast would make it
+            # anyway) and the level path, so the float32 X is not kept alive for backward.
+            x = x.to(torch.get_autocast_dtype(device))
         xs = self.levels(x)
         q, k, v_flat = self._project(xs)
-        lam = self.level_weights().to(x.dtype)  # (H, L)
         o = hkt_attention(
             q,
             k,
@@ -232,6 +257,7 @@ class HKTAttention(nn.Module):
             impl=cfg.impl,
             dropout_p=cfg.attn_dropout if self.training else 0.0,
             right_padded=right_padded,
+            zero_padded=False,  # y's padded rows are zeroed below
         )  # (B, H, T, d)
         conv = self.conv(v_flat) if cfg.hybrid else None
         y = self._output(o.transpose(1, 2).reshape(B, T, D), conv)

@@ -69,6 +69,9 @@ __all__ = [
     "bilinear_forms",
     "decay_ratios",
     "excess_kurtosis",
+    "KURTOSIS_CANDIDATES",
+    "kurtosis",
+    "kurtosis_candidates",
     "layer_scores",
     "mardia",
     "psd_report",
@@ -254,6 +257,80 @@ def excess_kurtosis(values: Tensor, dim: int = -1) -> Tensor:
     m2 = c.square().mean(dim)
     m4 = c.pow(4).mean(dim)
     return m4 / m2.square() - 3.0
+
+
+def kurtosis(values: Tensor, dim: int = -1) -> Tensor:
+    """Univariate (Pearson) kurtosis ``m4 / m2^2`` (biased moments; 3 for a Gaussian)."""
+    return excess_kurtosis(values, dim) + 3.0
+
+
+#: Every reading of the paper's score kurtosis this project measures: name -> (what it is, its
+#: Gaussian value). The paper reports "kappa ~ 33 after training" (Gaussian 1); its definition
+#: is not in the text we have, so each plausible population and normalisation is reported.
+KURTOSIS_CANDIDATES: dict[str, tuple[str, float]] = {
+    "levels_mardia": (
+        "Mardia b2,p / p(p+2) of the per-level score vectors of the admissible pairs (p = L)",
+        1.0,
+    ),
+    "fused_pairs": (
+        "kurtosis m4/m2^2 of the fused pre-softmax scores over all admissible pairs of a head",
+        3.0,
+    ),
+    "fused_pairs_index": ("fused_pairs / 3 (Mardia's index with p = 1)", 1.0),
+    "fused_rows": (
+        "kurtosis of the fused pre-softmax scores over one query's admissible keys, "
+        "mean over queries",
+        3.0,
+    ),
+    "level0_pairs": (
+        "kurtosis of the level-0 (full-resolution) scores over all admissible pairs",
+        3.0,
+    ),
+    "softmax_pairs": (
+        "kurtosis of the attention weights (post-softmax) over all admissible pairs",
+        3.0,
+    ),
+    "softmax_rows": (
+        "kurtosis of the attention weights over one query's admissible keys, mean over queries",
+        3.0,
+    ),
+}
+
+
+def kurtosis_candidates(scores: list[LayerScores], min_keys: int = 8) -> dict[str, Tensor]:
+    """Each univariate reading of :data:`KURTOSIS_CANDIDATES` per head, ``(H,)`` each, pooled
+    over the sequences of ``scores``: pair readings pool every admissible pair of every
+    sequence; row readings average over the queries with at least ``min_keys`` admissible
+    keys (a causal row's first keys are too few for a fourth moment). ``levels_mardia`` is
+    :func:`mardia` of :func:`score_vectors` and is computed by the caller."""
+    pairs: dict[str, list[Tensor]] = {"fused_pairs": [], "level0_pairs": [], "softmax_pairs": []}
+    rows: dict[str, list[Tensor]] = {"fused_rows": [], "softmax_rows": []}
+    for sc in scores:
+        mask = sc.admissible()
+        fused = sc.fused()  # (H, T, T)
+        probs = torch.softmax(fused.masked_fill(~mask, float("-inf")), dim=-1)
+        pairs["fused_pairs"].append(fused[:, mask])
+        pairs["level0_pairs"].append(sc.levels[0][:, mask])
+        pairs["softmax_pairs"].append(probs[:, mask])
+        keep = mask.sum(-1) >= min_keys  # (T,) queries with enough keys
+        if not keep.any():
+            continue
+        # A row's masked keys are left out of its moments: mean and moments over mask only.
+        for name, m in (("fused_rows", fused), ("softmax_rows", probs)):
+            w = mask[keep].to(m.dtype)  # (R, T)
+            x = m[:, keep]  # (H, R, T)
+            n = w.sum(-1)
+            mean = (x * w).sum(-1, keepdim=True) / n[:, None]
+            c = (x - mean) * w
+            m2 = c.square().sum(-1) / n
+            m4 = c.pow(4).sum(-1) / n
+            rows[name].append(m4 / m2.square())  # (H, R)
+    out = {name: kurtosis(torch.cat(v, dim=-1)) for name, v in pairs.items()}
+    out["fused_pairs_index"] = out["fused_pairs"] / 3.0
+    for name, v in rows.items():
+        if v:
+            out[name] = torch.cat(v, dim=-1).nanmean(-1)
+    return out
 
 
 # ----------------------------------------------------------------------------- approximation error

@@ -39,6 +39,9 @@ class _CompiledCausalConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, stride, kernel):
+        # ``x`` may be bfloat16 / float16: the kernel computes in ``weight``'s dtype (float32),
+        # and the input is saved as given and widened again in backward -- the widening is
+        # exact, so the gradients are those of a float32 copy without keeping one alive.
         D, _, K = weight.shape
         w = weight.detach().reshape(D, K).contiguous()
         b = bias.detach() if bias is not None else w.new_empty(0)
@@ -46,13 +49,14 @@ class _CompiledCausalConv(torch.autograd.Function):
             x = x.contiguous()
         ctx.save_for_backward(x, w)
         ctx.stride, ctx.kernel, ctx.has_bias = stride, kernel, bias is not None
-        return kernel.causal_dwconv_forward(x, w, b, stride)
+        return kernel.causal_dwconv_forward(x.to(w.dtype), w, b, stride)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        gx, gw, gb = ctx.kernel.causal_dwconv_backward(x, w, grad, ctx.stride)
+        gx, gw, gb = ctx.kernel.causal_dwconv_backward(x.to(w.dtype), w, grad, ctx.stride)
+        gx = gx.to(x.dtype)
         return gx, gw.view(w.shape[0], 1, w.shape[1]), gb if ctx.has_bias else None, None, None
 
 
@@ -97,11 +101,10 @@ class CausalDepthwiseConv(nn.Module):
         kernel = _conv_kernel(x)
         if kernel is not None:
             dtype = x.dtype  # a reduced dtype (bfloat16 autocast) is computed in float32
-            work = x if dtype in (torch.float32, torch.float64) else x.float()
+            work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
             y = _CompiledCausalConv.apply(
-                work, self.conv.weight.to(work.dtype), _bias(self.conv.bias, work.dtype),
-                self.stride, kernel,
-            )  # fmt: skip
+                x, self.conv.weight.to(work), _bias(self.conv.bias, work), self.stride, kernel
+            )
             return y.to(dtype)
         B, T, D = x.shape
         K, s = self.kernel_size, self.stride

@@ -226,6 +226,7 @@ def hkt_attention(
     impl: str = "auto",
     dropout_p: float = 0.0,
     right_padded: bool | None = None,
+    zero_padded: bool = True,
 ) -> Tensor:
     """Hierarchical kernel attention over ``L`` resolution levels.
 
@@ -253,6 +254,9 @@ def hkt_attention(
             tokens followed by padding (the ``sdpa`` path then keeps the causal flash kernel in
             O(T) memory). None (default): read from a CPU mask; never read from a mask on
             another device (see the host synchronisation note above).
+        zero_padded: outputs at padded query positions are 0 (default). False leaves them
+            as the kernel computed them (finite, attending the real keys), without the
+            masked copy of the output: for a caller that zeroes those rows itself.
 
     Every implementation gives the reference's answer on odd input too: NaN or infinity in
     ``q``, ``k`` or ``v`` reaches the same outputs as in the reference (the blockwise kernels
@@ -284,6 +288,7 @@ def hkt_attention(
     out = ATTENTION_IMPLS[name](
         list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p, **extra
     )
-    if key_padding_mask is not None:
-        out = out.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
+    if key_padding_mask is not None and zero_padded:  # a (B, T, H, d) view keeps the layout
+        out = out.transpose(1, 2).masked_fill(~key_padding_mask[:, :, None, None], 0.0)
+        out = out.transpose(1, 2)
     return out
