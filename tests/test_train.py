@@ -20,6 +20,7 @@ from structattn.engine.checkpoint import latest_checkpoint, save_checkpoint
 from structattn.engine.config import CONFIG_DIR, build_dataclass
 from structattn.experiments.lra import LRAConfig, evaluate_run, load_lra, train
 from structattn.experiments.lra.reproduce import reproduce
+from structattn.hkt import diagnostics as dg
 
 TINY_TRAIN = dict(max_steps=6, batch_size=8, eval_every=3, log_every=2)
 
@@ -334,6 +335,16 @@ def test_diagnose_a_trained_run(lra_data_dir, tmp_path, capsys):
     assert report["cost"]["paper_score_ratio"] > 1
     for name in ("diagnostics.md", "diagnostics.png", "kurtosis.png"):
         assert (run / "diagnostics" / name).stat().st_size > 0
+    # every reading of the paper's kappa, printed and in the report; levels_mardia is kappa
+    assert "`softmax_rows`" in (run / "diagnostics" / "diagnostics.md").read_text()
+    assert layer["kurtosis_candidates"]["levels_mardia"] == layer["kappa"]
+    assert set(report["kurtosis_candidates"]) == set(dg.KURTOSIS_CANDIDATES)
+    # --untrained: the same configuration before training, into its own folder
+    cli_main(["diagnose", str(run), "--sequences", "2", "--max-len", "24", "--untrained"])
+    assert "`fused_pairs`" in capsys.readouterr().out
+    before = json.loads((run / "diagnostics-untrained" / "diagnostics.json").read_text())
+    assert before["weights"].startswith("untrained")
+    assert before["layers"][0]["level_weights"] != layer["level_weights"]
 
 
 def test_diagnose_rejects_mha_runs(lra_data_dir, tmp_path):

@@ -306,6 +306,7 @@ class Diagnose:
     out_dir: Path | None = None  # default RUN_DIR/diagnostics
     sequences: int = 4  # validation sequences to measure on
     max_len: int = 256  # truncate them to this length (eigen-decompositions are O(T^3))
+    untrained: bool = False  # an untrained model of the run's config, seeded by its seed
 
     def run(self) -> None:
         from structattn.experiments.lra.diagnose import (
@@ -314,7 +315,9 @@ class Diagnose:
             summary_line,
         )
 
-        report = diagnose(self.run_dir, self.out_dir, self.sequences, self.max_len)
+        report = diagnose(
+            self.run_dir, self.out_dir, self.sequences, self.max_len, untrained=self.untrained
+        )
         print(summary_line(report))
         print("\n".join(candidates_markdown(report)))
         print("wrote " + ", ".join(report["plots"]) + " and diagnostics.md / .json")

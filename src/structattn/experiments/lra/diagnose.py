@@ -285,24 +285,36 @@ def _plot_kurtosis(layers: list[dict[str, Any]], out_dir: Path) -> Path:
 
 
 def diagnose(
-    run_dir: Path, out_dir: Path | None = None, n_sequences: int = 4, max_len: int = 256
+    run_dir: Path,
+    out_dir: Path | None = None,
+    n_sequences: int = 4,
+    max_len: int = 256,
+    untrained: bool = False,
 ) -> dict[str, Any]:
-    """Diagnose a run directory's best weights on ``n_sequences`` validation sequences."""
+    """Diagnose a run directory's best weights on ``n_sequences`` validation sequences.
+
+    ``untrained``: a model of the run's configuration initialised from its seed instead (the
+    "before" of the paper's "after training"), written to ``diagnostics-untrained/`` by default.
+    """
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     if cfg.model.attention != "hkt":
         raise RunError(f"{run_dir} trained attention={cfg.model.attention!r}; diagnose needs hkt")
     data = load_task(cfg.data)
+    torch.manual_seed(cfg.seed)  # the run's own initialisation, for `untrained`
     model = build_model(cfg, data)
     weights = RunDir(run_dir).best
-    if not weights.is_file():
-        raise FileNotFoundError(f"{weights} not found: has the run finished an evaluation?")
-    load_weights(model, weights)
+    if not untrained:
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} not found: has the run finished an evaluation?")
+        load_weights(model, weights)
     sequences = [data.val.sequences[i][:max_len] for i in range(min(n_sequences, len(data.val)))]
     report = diagnose_model(model, sequences)
     report["run_dir"] = str(run_dir)
     report["data_source"] = data.source
-    out_dir = Path(out_dir) if out_dir is not None else run_dir / "diagnostics"
+    report["weights"] = "untrained (the run's seed)" if untrained else str(weights)
+    default = "diagnostics-untrained" if untrained else "diagnostics"
+    out_dir = Path(out_dir) if out_dir is not None else run_dir / default
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "diagnostics.json").write_text(json.dumps(report, indent=2))
     (out_dir / "diagnostics.md").write_text(to_markdown(report, str(run_dir)) + "\n")
