@@ -137,6 +137,7 @@ def test_reproduce_set_shrinks_a_run_to_seconds(lra_data_dir, tmp_path, capsys, 
         final = json.loads((out / preset / f"listops-{model}" / "seed0" / "final.json").read_text())
         assert final["steps"] == 2
     for bad, message in ((["train.max_steps"], "KEY=VALUE"), (["a..b=1"], "dotted key"),
-                         (["train=1", "train.x=2"], "used as a section")):  # fmt: skip
+                         (["train=1", "train.x=2"], "used as a section"),
+                         (["train.max_steps=1", "train.max_steps=5"], "given twice")):  # fmt: skip
         with pytest.raises(SystemExit, match=message):
             main(["reproduce", "--tasks", "listops", "--out-dir", str(out), "--set", *bad])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import multiprocessing
 import os
 import pickle
@@ -358,6 +359,32 @@ def _rewrite_tensors(tmp_path, **changes):
 def test_load_validates_the_graph(tmp_path, changes, message):
     _saved(tmp_path)
     _rewrite_tensors(tmp_path, **changes)
+    with pytest.raises(DataError) as err:
+        TextAttributedGraph.load(tmp_path / "g")
+    text = _one_line(err)
+    assert text.startswith(str(tmp_path / "g")) and message in text, text
+
+
+@pytest.mark.parametrize(
+    "meta, message",
+    [
+        (dict(node_texts="abcdefghijkl"), "node_texts must be a list of strings"),
+        (dict(node_texts=None), "node_texts must be a list of strings"),
+        (dict(node_texts=[f"node {i}" for i in range(11)] + ["  "]),
+         "1 node(s) [11] have an empty text"),
+        (dict(label_names=["a", "b", "a"]), "label_names repeat ['a']"),
+        (dict(label_names=[0, 1, 2]), "label_names must be a list of strings"),
+    ],
+)  # fmt: skip
+def test_load_validates_the_graph_json(tmp_path, meta, message):
+    """graph.json goes through the same validator as a graph built in Python: a string of
+    12 characters is not 12 nodes, blank texts and repeated or non-string label names are
+    named in one line."""
+    _saved(tmp_path)
+    path = tmp_path / "g" / "graph.json"
+    data = json.loads(path.read_text())
+    data.update(meta)
+    path.write_text(json.dumps(data))
     with pytest.raises(DataError) as err:
         TextAttributedGraph.load(tmp_path / "g")
     text = _one_line(err)

@@ -195,11 +195,15 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
     import yaml
 
     out: dict[str, Any] = {}
+    seen: set[tuple[str, ...]] = set()
     for item in items:
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
         if not sep or not all(p.isidentifier() for p in parts):
             raise SystemExit(f"--set takes KEY=VALUE with a dotted key, got {item!r}")
+        if tuple(parts) in seen:  # a second value would silently win
+            raise SystemExit(f"--set {key.strip()} is given twice; give it once")
+        seen.add(tuple(parts))
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as err:

@@ -133,20 +133,34 @@ class TextAttributedGraph:
     def validate(self) -> None:
         """Check that the graph is one a model can be trained and scored on; raises
         ``ValueError`` naming the problem and how many nodes, edges or labels it concerns:
-        no nodes, a text that is not a string, labels that are not whole class indices or not
-        one per node, labels beyond the label names (-1, "unlabelled", is allowed outside the
-        splits), edges to nodes that do not exist, a split that is empty, repeats a node, names
-        a node that does not exist, or shares nodes with another split (a test node that is
-        also a training node would be scored on what it was trained on)."""
+        node texts that are not a list, no nodes, a text that is not a string or is empty,
+        label names that are not strings or repeat a name, labels that are not whole class
+        indices or not one per node, labels beyond the label names (-1, "unlabelled", is
+        allowed outside the splits), edges to nodes that do not exist, a split that is empty,
+        repeats a node, names a node that does not exist, or shares nodes with another split
+        (a test node that is also a training node would be scored on what it was trained
+        on)."""
+        if not isinstance(self.node_texts, (list, tuple)):  # a string would be one node a char
+            got = _describe(self.node_texts)
+            raise ValueError(f"node_texts must be a list of strings (one per node), got {got}")
         n = len(self.node_texts)
         if n == 0:
             raise ValueError("the graph has zero nodes")
         not_text = sum(not isinstance(t, str) for t in self.node_texts)
         if not_text:
             raise ValueError(f"{not_text} node text(s) are not strings")
-        k = len(self.label_names)
+        blank = [i for i, t in enumerate(self.node_texts) if not t.strip()]
+        if blank:
+            raise ValueError(f"{len(blank)} node(s) {blank[:10]} have an empty text")
+        names = self.label_names
+        if not isinstance(names, (list, tuple)) or not all(isinstance(x, str) for x in names):
+            raise ValueError(f"label_names must be a list of strings, got {_describe(names)}")
+        k = len(names)
         if k == 0:
             raise ValueError("label_names is empty")
+        repeated = sorted({x for x in names if names.count(x) > 1})
+        if repeated:
+            raise ValueError(f"label_names repeat {repeated[:10]}: each class needs its own name")
         y = self.labels
         if not isinstance(y, Tensor) or y.dim() != 1 or not _is_integer(y):
             raise ValueError(
