@@ -214,7 +214,7 @@ def _weights_digest(run_dir: Path) -> str | None:
     h = hashlib.sha256()
     for name, t in sorted(load_file(path).items()):
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

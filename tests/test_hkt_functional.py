@@ -451,3 +451,18 @@ def test_zero_padded_false_leaves_padded_rows_and_keeps_real_ones():
         real = mask[:, None, :, None].expand_as(kept)
         assert torch.equal(kept[real], zeroed[real])
         assert (zeroed[~real] == 0).all() and torch.isfinite(kept).all()
+    for impl in available(["reference", *EXACT]):  # a dense output stays contiguous
+        out = hkt_attention(q, k, v, lam, stride=2, causal=True, key_padding_mask=mask, impl=impl)
+        if not out.transpose(1, 2).is_contiguous():
+            assert out.is_contiguous(), impl
+
+
+def test_tracing_a_training_layer_skips_the_recomputation():
+    """``torch.jit.trace`` of a layer with gradients on traces the plain level path (the
+    checkpoint's recomputation would make the traced graphs differ)."""
+    from structattn.hkt import HKTAttention, HKTConfig
+
+    layer = HKTAttention(HKTConfig(d_model=16, n_heads=4, n_levels=3, causal=True)).train()
+    x = torch.randn(2, 24, 16, requires_grad=True)
+    traced = torch.jit.trace(layer, (x,))
+    torch.testing.assert_close(traced(x), layer(x))

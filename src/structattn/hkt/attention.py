@@ -46,11 +46,6 @@ class _EmptySlot:
 EMPTY = _EmptySlot()
 
 
-def _autocast_on(device: str) -> bool:
-    """Autocast is on for ``device`` (False for devices autocast does not know, e.g. meta)."""
-    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-
-
 @dataclass
 class HKTConfig:
     """Configuration of one :class:`HKTAttention` layer."""
@@ -192,7 +187,7 @@ class HKTAttention(nn.Module):
         """
         if not self.downsample:
             return [x]
-        if self.config.recompute_levels and torch.is_grad_enabled():
+        if self.config.recompute_levels and torch.is_grad_enabled() and not torch.jit.is_tracing():
             return [x, *checkpoint(self._coarse_levels, x, use_reentrant=False)]
         return [x, *self._coarse_levels(x)]
 
@@ -239,11 +234,6 @@ class HKTAttention(nn.Module):
                 raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
             return self.o_proj(self.v_proj(x))
         lam = self.level_weights().to(x.dtype)  # (H, L)
-        device = x.device.type
-        if cache is None and x.dtype == torch.float32 and _autocast_on(device):
-            # One reduced-precision copy of X feeds the projections (autocast would make it
-            # anyway) and the level path, so the float32 X is not kept alive for backward.
-            x = x.to(torch.get_autocast_dtype(device))
         xs = self.levels(x)
         q, k, v_flat = self._project(xs)
         o = hkt_attention(

@@ -288,7 +288,9 @@ def hkt_attention(
     out = ATTENTION_IMPLS[name](
         list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p, **extra
     )
-    if key_padding_mask is not None and zero_padded:  # a (B, T, H, d) view keeps the layout
-        out = out.transpose(1, 2).masked_fill(~key_padding_mask[:, :, None, None], 0.0)
-        out = out.transpose(1, 2)
+    if key_padding_mask is not None and zero_padded:
+        if out.transpose(1, 2).is_contiguous():  # a (B, T, H, d) kernel output stays so
+            out = out.transpose(1, 2).masked_fill(~key_padding_mask[:, :, None, None], 0.0)
+            return out.transpose(1, 2)
+        out = out.masked_fill(~key_padding_mask[:, None, :, None], 0.0)
     return out
