@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,7 +159,7 @@ class TextAttributedGraph:
         k = len(names)
         if k == 0:
             raise ValueError("label_names is empty")
-        repeated = sorted({x for x in names if names.count(x) > 1})
+        repeated = sorted(x for x, count in Counter(names).items() if count > 1)
         if repeated:
             raise ValueError(f"label_names repeat {repeated[:10]}: each class needs its own name")
         y = self.labels

@@ -233,9 +233,9 @@ class HKTAttention(nn.Module):
             if cache is not None:
                 raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
             return self.o_proj(self.v_proj(x))
-        lam = self.level_weights().to(x.dtype)  # (H, L)
         xs = self.levels(x)
         q, k, v_flat = self._project(xs)
+        lam = self.level_weights().to(x.dtype)  # (H, L)
         o = hkt_attention(
             q,
             k,

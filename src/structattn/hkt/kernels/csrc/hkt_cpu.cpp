@@ -159,7 +159,7 @@ std::vector<at::Tensor> hkt_forward(std::vector<at::Tensor> q, std::vector<at::T
   }
   const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
   const bool* km = mask_ptr(key_mask, g);
-  at::Tensor out = empty_heads_like(v, v.scalar_type());  // a (B, T, H, dv) v gives one too
+  at::Tensor out = empty_heads_like(v);  // a (B, T, H, dv) v gives one too
   at::Tensor lse = at::empty({g.B, g.H, g.T}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "hkt_forward", [&] {
     forward_impl<scalar_t>(g, q, k, v, lam.contiguous(), km, out, lse);

@@ -512,7 +512,7 @@ std::vector<at::Tensor> hkt_forward_lowp(std::vector<at::Tensor> q, std::vector<
               " batch-reduce GEMM on this CPU");
   const Geom g = make_geom(q, k, v, lam, stride, causal, scale, tile_q, tile_k);
   const bool* km = mask_ptr(key_mask, g);
-  at::Tensor out = empty_heads_like(v, v.scalar_type());
+  at::Tensor out = empty_heads_like(v);
   at::Tensor lse = at::empty({g.B, g.H, g.T}, v.options().dtype(at::kFloat));
   const at::Tensor lam_c = lam.contiguous();
   if (v.scalar_type() == at::kBFloat16) {

@@ -179,11 +179,10 @@ struct CoarseTile {
 // An uninitialised (B, H, T, x) tensor shaped like v, laid out as (B, T, H, x) when v's heads
 // are (a view of a projection's (B, T, H * x) output, whose rows need not be dense): the
 // caller's transpose back to (B, T, H * x) is then a view, not a copy. Dense v keeps its own.
-inline at::Tensor empty_heads_like(const at::Tensor& v, at::ScalarType dtype) {
-  const auto opts = v.options().dtype(dtype);
+inline at::Tensor empty_heads_like(const at::Tensor& v) {
   if (v.is_non_overlapping_and_dense() || v.size(1) <= 1 || v.stride(1) >= v.stride(2))
-    return at::empty_like(v, opts);
-  return at::empty({v.size(0), v.size(2), v.size(1), v.size(3)}, opts).transpose(1, 2);
+    return at::empty_like(v);
+  return at::empty({v.size(0), v.size(2), v.size(1), v.size(3)}, v.options()).transpose(1, 2);
 }
 
 // Head (b, h) of a (B, H, T, x) tensor: its first row and the distance between rows.
