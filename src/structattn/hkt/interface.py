@@ -16,12 +16,14 @@ in :mod:`.kernels.sdpa`, the blockwise kernels in :mod:`.kernels`, the level geo
 Padding convention: ``key_padding_mask`` is ``(B, T)`` bool, True = real token. Padded keys are
 never attended to and the outputs at padded query positions are exactly 0.
 
-Host synchronisation: the checks of the weights' values and the finiteness test that sends odd
-input to the ``sdpa`` path read one small tensor back from CPU tensors, once per call, and so
-does the padding layout of a causal call with a mask; on any other device nothing is read back
-(no device synchronisation: the kernels' own arithmetic decides NaN outputs, and the padding
-layout is the caller's ``right_padded`` or the path exact for any padding). A test runs the
-layer on the ``meta`` device, where any data-dependent host decision fails.
+Host synchronisation: the checks of the weights' values and the finiteness tests that send
+non-finite level weights to the reference and other odd input to the ``sdpa`` path read one
+small tensor back from CPU tensors, once per call, and so does the padding layout of a causal
+call with a mask; on any other device nothing is read back (no device synchronisation: the
+kernels' own arithmetic decides NaN outputs, a head with non-finite level weights is made NaN
+by one multiplication with a per-head factor, and the padding layout is the caller's
+``right_padded`` or the path exact for any padding). A test runs the layer on the ``meta``
+device, where any data-dependent host decision fails.
 """
 
 from __future__ import annotations
@@ -180,12 +182,16 @@ def resolve_impl(impl: str, device: torch.device | str, dropout_p: float = 0.0) 
     return impl
 
 
-def _check_values(lam: Tensor, inputs: Sequence[Tensor] | None, check_lam: bool) -> bool:
-    """The value checks, read back from the host in one transfer: with ``check_lam``, refuse
-    finite weights that are negative or whose rows do not sum to 1 (non-finite weights, a
-    training run diverging, are let through: every path then gives the reference's NaN
-    outputs); with ``inputs``, return False when any holds NaN or +-inf (or sums overflow,
-    which only costs the slower exact path). CPU tensors only (see the module notes)."""
+def _check_values(
+    lam: Tensor, inputs: Sequence[Tensor] | None, check_lam: bool
+) -> tuple[bool, bool]:
+    """The value checks, read back from the host in one transfer; returns ``(lam_finite,
+    inputs_finite)``. With ``check_lam``: refuse finite weights that are negative or whose rows
+    do not sum to 1, and report whether every weight is finite (non-finite weights, a training
+    run diverging, are no error: the caller runs the reference, whose NaN outputs every path
+    gives); without it ``lam_finite`` is True. With ``inputs``: ``inputs_finite`` is False when
+    any holds NaN or +-inf (or sums overflow, which only costs the slower exact path), else
+    True. CPU tensors only (see the module notes)."""
     flags = []
     if check_lam:
         tol = max(1e-6, 2 * lam.shape[-1] * torch.finfo(lam.dtype).eps)
@@ -201,16 +207,27 @@ def _check_values(lam: Tensor, inputs: Sequence[Tensor] | None, check_lam: bool)
                 for t in inputs]  # fmt: skip
         flags.append(torch.isfinite(torch.stack([x.float() for x in sums]).sum()))
     if not flags:
-        return True
+        return True, True
     values = torch.stack(flags).tolist()  # the one host transfer
-    if check_lam and values[0]:
+    lam_finite = bool(values[0]) if check_lam else True
+    if check_lam and lam_finite:
         if values[1]:
             raise ValueError("level_weights must be non-negative (they are convex weights)")
         if values[2]:
             raise ValueError(
                 f"level_weights rows must sum to 1 (got sums {lam.detach().sum(-1).tolist()})"
             )
-    return bool(values[-1]) if inputs is not None else True
+    return lam_finite, bool(values[-1]) if inputs is not None else True
+
+
+def _nan_heads(out: Tensor, lam: Tensor) -> Tensor:
+    """``out (B, H, T, d_v)`` with the heads whose level weights ``lam (H, L)`` hold NaN or
+    +-inf made NaN throughout, as in the reference, without reading anything back: one
+    multiplication by a per-head factor that is exactly 1 for finite weights (so finite outputs
+    keep every bit) and NaN otherwise. The factor is detached: nothing more is saved for the
+    backward pass, and NaN output gradients reach the kernel's backward as they are."""
+    factor = 1.0 + 0.0 * lam.detach().sum(-1)  # (H,): 1, or NaN where a weight is not finite
+    return out * factor.to(out.dtype).view(1, -1, 1, 1)
 
 
 def hkt_attention(
@@ -261,6 +278,9 @@ def hkt_attention(
     Every implementation gives the reference's answer on odd input too: NaN or infinity in
     ``q``, ``k`` or ``v`` reaches the same outputs as in the reference (the blockwise kernels
     hand such inputs to the ``sdpa`` path, which propagates them like the reference does).
+    NaN or infinity in ``level_weights`` makes every output of its head NaN, as in the
+    reference: CPU calls then run the reference itself (its outputs and gradients), calls on
+    other devices multiply those heads by NaN (see the host synchronisation note above).
 
     Returns:
         ``(B, H, T, d_v)``.
@@ -278,9 +298,18 @@ def hkt_attention(
     lam = weights.to(v.dtype)
     scale = 1.0 / math.sqrt(q[0].shape[-1]) if scale is None else float(scale)
     name = resolve_impl(impl, v.device, dropout_p)
+    # Non-finite level weights (a diverged run) make every output of their head NaN in the
+    # reference, where the other paths may return zeros (the CPU SDPA kernel does on short
+    # rows): such calls run the reference where the weights are read back (one flag of the
+    # value checks' one transfer) and get NaN heads by arithmetic elsewhere (_nan_heads).
+    lam_read = False
     if v.device.type == "cpu" and lam.device.type == "cpu":
+        lam_read = not torch.compiler.is_compiling()
         inputs = [*q, *k, v, lam] if name in BLOCKWISE else None
-        if not _check_values(weights, inputs, check_lam=not torch.compiler.is_compiling()):
+        lam_finite, inputs_finite = _check_values(weights, inputs, check_lam=lam_read)
+        if not lam_finite:
+            name = "reference"
+        elif not inputs_finite:
             name = "sdpa"  # the kernels' online softmax would drop NaN keys and zero NaN rows
     # the padding hint goes to the one path that reads the mask's layout (only when given, so
     # that the registry's nine-argument contract holds otherwise)
@@ -288,6 +317,8 @@ def hkt_attention(
     out = ATTENTION_IMPLS[name](
         list(q), list(k), v, lam, stride, causal, key_padding_mask, scale, dropout_p, **extra
     )
+    if not lam_read and name != "reference":
+        out = _nan_heads(out, lam)
     if key_padding_mask is not None and zero_padded:
         if out.transpose(1, 2).is_contiguous():  # a (B, T, H, d) kernel output stays so
             out = out.transpose(1, 2).masked_fill(~key_padding_mask[:, :, None, None], 0.0)
