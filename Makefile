@@ -48,4 +48,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis runs results/reproduce results/bench
+	rm -rf $(VENV) .pytest_cache .hypothesis runs results/reproduce results/ablate results/bench

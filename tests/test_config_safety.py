@@ -52,3 +52,33 @@ def test_nan_lr_from_a_file_is_one_config_error(tmp_path):
     path.write_text("quick:\n  optim: {lr: .nan}\n")
     with pytest.raises(ConfigError, match="optim.lr must be a finite number"):
         load_lra(path, "quick")
+
+
+def test_merge_keys_are_yaml_and_own_keys_override_them(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        "base: &base\n  optim: {lr: 0.002}\n  train: {max_steps: 7}\n"
+        "quick:\n  <<: *base\n  train: {max_steps: 9}\n"
+    )
+    config = load_lra(path, "quick")
+    assert config.optim.lr == 0.002 and config.train.max_steps == 9
+
+
+def test_a_run_config_with_a_key_given_twice_is_refused(tmp_path):
+    from structattn.engine.rundir import RunDir
+    from structattn.errors import RunError
+
+    run = RunDir(tmp_path)
+    run.config.write_text("optim:\n  lr: 0.002\n  lr: 5.0\n")
+    with pytest.raises(RunError, match="key 'lr' is given twice"):
+        run.read_config()
+    with pytest.raises(RunError, match="--resume: .*key 'lr' is given twice"):
+        run.check_resume_config({"optim": {"lr": 5.0}}, frozenset())
+
+
+def test_a_set_value_with_a_key_given_twice_is_refused():
+    from structattn.cli import parse_settings
+
+    with pytest.raises(SystemExit, match="--set data.x: key 'a' is given twice"):
+        parse_settings(["data.x={a: 1, a: 2}"])
+    assert parse_settings(["data.x={a: 1, b: 2}"]) == {"data": {"x": {"a": 1, "b": 2}}}

@@ -273,7 +273,10 @@ def test_overwrite_touches_nothing_in_a_folder_that_is_not_a_run(tmp_path):
     folder = tmp_path / "mine"
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "hf").mkdir()
-    assert RunDir(folder).clear() == [] and (folder / "hf").is_dir()
+    (folder / "config.yaml").write_text("my: own\n")  # a config alone is no run's
+    with pytest.raises(RunError, match="not a run folder.*nothing removed"):
+        RunDir(folder).clear()
+    assert (folder / "hf").is_dir() and (folder / "config.yaml").is_file()
 
 
 def test_a_finished_run_of_an_earlier_version_reads_as_finished(tmp_path):

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from structattn.cli import main as cli_main
 from structattn.engine.checkpoint import latest_checkpoint, save_checkpoint
 from structattn.engine.config import CONFIG_DIR, build_dataclass
+from structattn.errors import RunError
 from structattn.experiments.lra import LRAConfig, evaluate_run, load_lra, train
 from structattn.experiments.lra.reproduce import reproduce
 from structattn.hkt import diagnostics as dg
@@ -92,7 +93,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(RunError, match=r"could not be written: .*step-00000002 \(disk full\)"):
         save_checkpoint(tmp_path, 2, model, {"x": 2})
     assert latest_checkpoint(tmp_path).name == "step-00000001"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000001"]

@@ -31,7 +31,7 @@ from typing import Annotated, Any, ClassVar
 import tyro
 
 from structattn.data.tasks import TaskSpec
-from structattn.engine.config import load_config, preset_names
+from structattn.engine.config import load_config, parse_yaml, preset_names
 from structattn.errors import ConfigError, UserError
 from structattn.experiments.commands import PresetCommand, check_sampling, parse_command
 from structattn.experiments.lm.config import LMConfig
@@ -192,8 +192,6 @@ class Eval:
 def parse_settings(items: Sequence[str]) -> dict[str, Any]:
     """``["train.max_steps=50", "data.seq_len=64"]`` -> ``{"train": {"max_steps": 50}, "data":
     {"seq_len": 64}}`` (values parsed as YAML); a malformed item is a one-line error."""
-    import yaml
-
     out: dict[str, Any] = {}
     seen: set[tuple[str, ...]] = set()
     for item in items:
@@ -205,9 +203,9 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
             raise SystemExit(f"--set {key.strip()} is given twice; give it once")
         seen.add(tuple(parts))
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise SystemExit(f"--set {key}: the value {text!r} is not YAML ({err})") from None
+            value = parse_yaml(text, f"--set {key.strip()}")
+        except ConfigError as err:
+            raise SystemExit(str(err)) from None
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
@@ -275,7 +273,7 @@ class Ablate:
     ] = "quick"
     task: str = "listops"  # listops | image | text
     seeds: tuple[int, ...] = (0, 1, 2)  # seeds per variant
-    out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
+    out_dir: Path = Path("results/ablate")  # runs and results go to <out_dir>/<preset>/
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     lr: float | None = None  # learning rate for every variant (default: the preset's)
     threads: int | None = None  # torch threads (default: torch's choice)

@@ -14,6 +14,11 @@ checkpoints holds the weights with the best validation accuracy.
 weights; a damaged one (truncated, unreadable, non-finite, or a broken ``latest`` pointer) is
 reported with a warning naming the file and renamed ``damaged-step-*`` (never deleted), and the
 one before it is tried. :func:`remove_litter` deletes what interrupted writes leave behind.
+
+Weights are only ever loaded finite: :func:`load_weights` refuses a file holding NaN or
+infinities, naming the first such tensor. A write that fails (a full disk, a folder that
+cannot be written) is one :class:`~structattn.errors.RunError` naming the path and the free
+space left, whatever layer (torch, safetensors, the OS) reported it.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from structattn.errors import RunError
 from structattn.utils.files import atomic_path
 
 __all__ = [
@@ -47,6 +56,7 @@ __all__ = [
     "save_checkpoint",
     "set_rng_state",
     "weights_metadata",
+    "writing",
 ]
 
 
@@ -71,6 +81,45 @@ def _saved_weights(model: nn.Module, only_trainable: bool) -> dict[str, torch.Te
     return weights
 
 
+def _free_space(path: Path) -> tuple[str, Path | None]:
+    """The free space of the disk holding ``path`` (its nearest existing folder), readable,
+    and that folder."""
+    folder = Path(path).absolute()
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = float(shutil.disk_usage(folder).free)
+    except OSError:
+        return "unknown space", None
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if free < 1024 or unit == "TiB":
+            break
+        free /= 1024
+    return (f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"), folder
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Writes to ``path`` inside the block: a failure of the OS, torch's or safetensors' writer
+    (a full disk, a folder that cannot be written) is one :class:`RunError` naming ``path`` and
+    the free space left on its disk."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as err:
+        if isinstance(err, OSError) and err.strerror:
+            reason = err.strerror
+        else:
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            reason = (lines[0] if lines else type(err).__name__)[:200]
+        free, folder = _free_space(path)
+        where = f" on the disk of {folder}" if folder is not None else ""
+        raise RunError(
+            f"the disk or folder could not be written: {path} ({reason}); {free} free{where}: "
+            "free some space, or choose another run_dir (--resume continues from the last "
+            "checkpoint)"
+        ) from None
+
+
 def atomic_save_weights(
     model: nn.Module,
     path: Path,
@@ -78,14 +127,17 @@ def atomic_save_weights(
     metadata: dict[str, str] | None = None,
 ) -> None:
     """Write ``model``'s weights (``only_trainable``: just those that require grad) to ``path``
-    (safetensors, with ``metadata`` in its header) through a temporary file + rename."""
-    with atomic_path(path) as tmp:
-        save_file(_saved_weights(model, only_trainable), str(tmp), metadata=metadata)
+    (safetensors, with ``metadata`` in its header) through a temporary file + rename; a failed
+    write is a :class:`RunError` (see :func:`writing`)."""
+    weights = _saved_weights(model, only_trainable)
+    with writing(path), atomic_path(path) as tmp:
+        save_file(weights, str(tmp), metadata=metadata)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file + rename (never half-written)."""
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+    """Write ``text`` to ``path`` through a temporary file + rename (never half-written); a
+    failed write is a :class:`RunError` (see :func:`writing`)."""
+    with writing(path), atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         f.write(text)
 
 
@@ -98,8 +150,20 @@ def _tied_names(model: nn.Module) -> set[str]:
 
 def load_weights(model: nn.Module, path: Path, partial: bool = False) -> None:
     """Load safetensors weights; only tied duplicates may be absent from the file (``partial``:
-    any may be, as in an ``only_trainable`` file); unknown names always fail."""
-    _apply(model, load_file(str(path)), Path(path), partial)
+    any may be, as in an ``only_trainable`` file); unknown names always fail, and so does a
+    file holding NaN or infinities (``ValueError`` naming the first such tensor)."""
+    weights = load_file(str(path))
+    _check_finite(weights, Path(path))
+    _apply(model, weights, Path(path), partial)
+
+
+def _check_finite(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """A ``ValueError`` naming ``path`` and its first floating-point tensor holding NaN or
+    infinities, if any does."""
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise ValueError(f"{path} holds non-finite weights (NaN or inf) in {bad[0]!r}{more}")
 
 
 def weights_metadata(path: Path) -> dict[str, str]:
@@ -145,23 +209,26 @@ def save_checkpoint(
     """Atomically write checkpoint ``step`` and point ``latest`` at it; prune old ones.
 
     ``only_trainable`` stores just the parameters that require grad (a frozen base LM with
-    adapters need not be copied at every checkpoint)."""
+    adapters need not be copied at every checkpoint). A failed write leaves the checkpoints
+    before it as they were and is a :class:`RunError` (see :func:`writing`)."""
     ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:08d}"
     final = ckpt_dir / name
-    tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".{name}."))
-    try:
-        save_file(_saved_weights(model, only_trainable), str(tmp / "model.safetensors"))
-        torch.save({"step": step, **extra}, tmp / "state.pt")
-        os.chmod(tmp, 0o755)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    _write_pointer(ckpt_dir, name)
+    weights = _saved_weights(model, only_trainable)
+    with writing(final):
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".{name}."))
+        try:
+            save_file(weights, str(tmp / "model.safetensors"))
+            torch.save({"step": step, **extra}, tmp / "state.pt")
+            os.chmod(tmp, 0o755)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        _write_pointer(ckpt_dir, name)
     steps = sorted(p for p in ckpt_dir.glob("step-*") if p.is_dir() and _STEP_DIR.match(p.name))
     for old in steps[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -236,9 +303,7 @@ def _read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     expected = int(path.name.split("-")[1])
     if state["step"] != expected:
         raise ValueError(f"{state_file} holds step {state['step']}, not {expected}")
-    bad = [k for k, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if bad:
-        raise ValueError(f"{weights_file} holds non-finite values in {bad[:3]}")
+    _check_finite(weights, weights_file)
     return weights, state
 
 

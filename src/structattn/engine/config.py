@@ -42,6 +42,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "build_dataclass",
+    "check_run_name",
     "config_diff",
     "config_to_dict",
     "default_config",
@@ -49,6 +50,7 @@ __all__ = [
     "load_config",
     "load_preset",
     "merge_overrides",
+    "parse_yaml",
     "preset_from_args",
     "preset_names",
     "read_yaml",
@@ -165,7 +167,19 @@ class RunConfig:
     def resolved_run_dir(self) -> Path:
         if self.run_dir is not None:
             return Path(self.run_dir)
-        return Path("runs") / self.name / f"seed{self.seed}"
+        return Path("runs") / check_run_name(self.name) / f"seed{self.seed}"
+
+
+def check_run_name(name: str) -> str:
+    """``name`` as one folder name under ``runs/`` (no separator, no ``..``, not hidden), else
+    a ConfigError: a config handed to the library must not place its run outside ``runs/``."""
+    bad = not name or name.strip() != name or name.startswith(".")
+    if bad or any(c in name for c in "/\\\0") or any(ord(c) < 32 for c in name):
+        raise ConfigError(
+            f"name {name!r} must be one folder name (no '/', '\\', '..', leading dot or "
+            "control characters); give run_dir to choose another folder"
+        )
+    return name
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -338,12 +352,15 @@ def find_config(name_or_path: str | Path) -> Path:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    silently keeps the last: ``optim: {lr: 0.002, lr: 5.0}`` trained at 5.0)."""
+    silently keeps the last: ``optim: {lr: 0.002, lr: 5.0}`` trained at 5.0). Merge keys
+    (``<<: *base``) work as YAML defines them: the mapping's own keys override merged ones."""
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             line = key_node.start_mark.line + 1
@@ -355,14 +372,25 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
+def parse_yaml(text: str, source: str = "<text>") -> Any:
+    """YAML text with unique keys (merge keys allowed); bad YAML or a repeated key is a
+    ConfigError naming ``source``. The one loader of configs: files, ``--set`` values and a run
+    folder's ``config.yaml``."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not valid YAML ({err})") from None
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
 def read_yaml(path: Path) -> Any:
     """A YAML file with unique keys; bad YAML or a repeated key is a ConfigError naming it."""
     try:
-        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        text = Path(path).read_text()
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a text file ({err.reason})") from None
+    return parse_yaml(text, str(path))
 
 
 def load_preset(name_or_path: str | Path, preset: str) -> tuple[Path, dict[str, Any]]:

@@ -19,18 +19,65 @@ and GL-Fusion node classification (:mod:`structattn.experiments.glfusion`) are t
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
 
+from structattn.errors import ConfigError, RunError
+
 from .loop import Engine
 from .metrics import plot_metrics
-from .rundir import json_safe
+from .rundir import RunDir, json_safe
 from .state import FitResult
 
-__all__ = ["Experiment"]
+__all__ = ["Experiment", "check_data_decided", "check_run_data"]
+
+
+def check_data_decided(section: Any, decided: dict[str, tuple[Any, str]], where: str) -> None:
+    """Fields of the config dataclass ``section`` (``where``: its key) whose value the data
+    decides, ``{field: (the data's value, what gives it)}``: a field at its default is left to
+    the data (the caller builds the model with the data's value); any other value must equal
+    it, else a ConfigError (``config.yaml`` would record a value the model does not use)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(section)}
+    for name, (value, what) in decided.items():
+        given = getattr(section, name)
+        if given != defaults.get(name) and given != value:
+            raise ConfigError(
+                f"{where}.{name}={given} is not used: {what} gives {value}; leave "
+                f"{where}.{name} out (the data decides it) or set it to {value}"
+            )
+
+
+def check_run_data(run_dir: str | Any, identity: dict[str, Any]) -> None:
+    """The data about to be evaluated is the data the run trained on: ``identity`` (the
+    training's :meth:`Experiment.data_identity`) against the run's ``data.json``. Other data is
+    a RunError naming both; a run without the record (from before it was kept) a warning."""
+    rd = RunDir(run_dir)
+    path = rd.file(RunDir.DATA)
+    if not path.is_file():
+        warnings.warn(
+            f"{path} is missing (a run from before the data was recorded): the data "
+            f"({identity.get('source')}) is not checked against the data it was trained on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError, OSError) as err:
+        raise RunError(f"{path} is damaged ({err}); the data cannot be checked") from None
+    if not isinstance(saved, dict) or "sha256" not in saved:
+        raise RunError(f"{path} does not hold the data's identity (source and sha256)")
+    if saved["sha256"] != identity.get("sha256"):
+        raise RunError(
+            f"the data differs from the run's ({path}): it trained on {saved.get('source')} "
+            f"(sha256 {str(saved['sha256'])[:12]}), this is {identity.get('source')} "
+            f"(sha256 {str(identity.get('sha256'))[:12]}); evaluate with the data it trained "
+            f"on (data.* in {rd.config}), or train a new run on this data"
+        )
 
 
 class Experiment:

@@ -60,16 +60,39 @@ from .checkpoint import (
 )
 from .config import RESUMABLE_CHANGES, OptimConfig, TrainConfig, config_to_dict, default_config
 from .metrics import MetricsLog
-from .optim import build_optimizer, describe_groups, param_groups
+from .optim import build_optimizer, check_optim, describe_groups, param_groups
 from .rundir import RunDir
 from .sampler import StepBatchSampler
 from .state import FitResult, TrainState, Window
 
-__all__ = ["Engine", "NonFiniteLossError"]
+__all__ = ["Engine", "NonFiniteLossError", "best_record", "stop_requested"]
 
 
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss or gradient norm."""
+class NonFiniteLossError(RunError, RuntimeError):
+    """Training produced a NaN or infinite loss or gradient norm: a run that cannot go on as
+    configured (one line from the command line, like every :class:`RunError`)."""
+
+
+def best_record(meta: dict[str, str], path: Path) -> dict[str, Any]:
+    """The record in ``best.safetensors``' header (``meta``) as ``{"step": int, "value":
+    float}``; empty for a file written before the record was kept, and for a record that does
+    not read as a step and a finite value (named in a warning: the loop's own record is used)."""
+    if "step" not in meta:
+        return {}
+    step, value = meta.get("step", ""), meta.get("value", "")
+    try:
+        record = {"step": int(step), "value": float(value)}
+    except (TypeError, ValueError):
+        record = None
+    if record is None or record["step"] < 0 or not math.isfinite(record["value"]):
+        warnings.warn(
+            f"{path}: the header's record (step={step!r}, value={value!r}) is not a step and a "
+            "finite value; ignored, the training loop's own record of the best is used",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return {}
+    return record
 
 
 class _StopSignals:
@@ -94,12 +117,25 @@ class _StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handler)
+        _LISTENING.append(self)
         return self
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        _LISTENING.remove(self)
+
+
+#: The stop flags of the training loops in progress in this process (innermost last).
+_LISTENING: list[_StopSignals] = []
+
+
+def stop_requested() -> int | None:
+    """The signal (SIGINT or SIGTERM) that the training loop in progress received and has not
+    acted on yet, else ``None``: the loop stops after the step in progress, and a long
+    evaluation reads this between batches to stop sooner."""
+    return _LISTENING[-1].received if _LISTENING else None
 
 
 def _release_precision(mixed: str) -> None:
@@ -143,6 +179,7 @@ class Engine:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
+        check_optim(optim)  # before anything is written
         self.dir = RunDir(run_dir)
         self.run_dir = self.dir.path
         self.optim, self.train, self.seed = optim, train, seed
@@ -234,9 +271,7 @@ class Engine:
             meta = weights_metadata(self.dir.best)
         except (ValueError, OSError) as err:
             raise RunError(f"{self.dir.best}: {err}") from None
-        if "step" not in meta:
-            return {}
-        return {"step": int(meta["step"]), "value": float(meta["value"])}
+        return best_record(meta, self.dir.best)
 
     # ------------------------------------------------------------------ the loop
 
@@ -317,13 +352,28 @@ class Engine:
             set_rng_state(saved_rng)
         return sampler, log
 
-    def _resume(self, model, optimizer, scheduler, state: TrainState) -> dict[str, Any]:
+    def _resume(self, model, optimizer, scheduler, state: TrainState) -> dict[str, Any] | None:
         """Load the newest valid checkpoint into the model, optimizer, scheduler and state;
-        return its RNG state (set once the data sampler exists)."""
+        return its RNG state (set once the data sampler exists). A run stopped before its first
+        checkpoint starts again (None)."""
+        if not self.dir.has_checkpoints():  # stopped before its first checkpoint
+            warnings.warn(
+                f"--resume: {self.dir.path} stopped before its first checkpoint: the run starts "
+                "again from step 0 in the same folder",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
         path, saved = self._load_latest(model)
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         state.load_state_dict(saved)
+        if state.step > self.train.max_steps:
+            raise RunError(
+                f"--resume: the checkpoint {path} is at step {state.step}, past "
+                f"train.max_steps={self.train.max_steps}: give train.max_steps >= {state.step}, "
+                "or start a new run_dir for a shorter run"
+            )
         self.say(f"resumed from {path} (step {state.step})")
         if state.best["step"] and not self.dir.best.is_file():
             warnings.warn(

@@ -8,9 +8,31 @@ from typing import Any
 import torch
 from torch import nn
 
+from structattn.errors import ConfigError
+
 from .config import OptimConfig
 
-__all__ = ["DECAYED_MODULES", "build_optimizer", "describe_groups", "lr_lambda", "param_groups"]
+__all__ = [
+    "DECAYED_MODULES",
+    "build_optimizer",
+    "check_optim",
+    "describe_groups",
+    "lr_lambda",
+    "param_groups",
+]
+
+
+def check_optim(optim: OptimConfig) -> None:
+    """AdamW's hyperparameters in their ranges (``0 <= beta < 1``, ``lr > 0``, ``weight_decay
+    >= 0``), or one :class:`ConfigError` naming the key; checked before a run writes anything."""
+    for name in ("beta1", "beta2"):
+        value = getattr(optim, name)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"optim.{name} must be in [0, 1), got {value}")
+    if not optim.lr > 0:
+        raise ConfigError(f"optim.lr must be > 0, got {optim.lr}")
+    if not optim.weight_decay >= 0:
+        raise ConfigError(f"optim.weight_decay must be >= 0, got {optim.weight_decay}")
 
 
 def lr_lambda(optim: OptimConfig, max_steps: int):
@@ -83,7 +105,9 @@ def describe_groups(groups: list[dict[str, Any]]) -> str:
 def build_optimizer(
     groups: list[dict[str, Any]], optim: OptimConfig, max_steps: int
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``groups`` (their ``names`` left out) and its warmup + decay schedule."""
+    """AdamW over ``groups`` (their ``names`` left out) and its warmup + decay schedule; bad
+    hyperparameters are a :class:`ConfigError` (:func:`check_optim`)."""
+    check_optim(optim)
     optimizer = torch.optim.AdamW(
         [{k: v for k, v in g.items() if k not in ("names", "group")} for g in groups],
         lr=optim.lr,

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from structattn.errors import RunError
+from structattn.errors import ConfigError, RunError
 
 from .checkpoint import (
     atomic_write_text,
@@ -38,7 +38,7 @@ from .checkpoint import (
     load_weights,
     remove_litter,
 )
-from .config import config_diff
+from .config import config_diff, read_yaml
 
 __all__ = ["RunDir", "json_safe"]
 
@@ -149,9 +149,9 @@ class RunDir:
         if not self.config.is_file():
             raise RunError(f"{self.config} not found: is {self.path} a run directory?")
         try:
-            values = yaml.safe_load(self.config.read_text())
-        except yaml.YAMLError as err:
-            raise RunError(f"{self.config} is not valid YAML ({err})") from None
+            values = read_yaml(self.config)
+        except ConfigError as err:
+            raise RunError(str(err)) from None
         if not isinstance(values, dict):
             raise RunError(f"{self.config} does not hold a run's config")
         return values
@@ -201,9 +201,11 @@ class RunDir:
         key = self.path.resolve()
         if key in _HELD_LOCKS:
             return
+        self.check_own_files()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / self.LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(self.path / self.LOCK, flags, 0o644)
         except OSError as err:
             raise RunError(f"run_dir {self.path} cannot be written ({err.strerror})") from None
         try:
@@ -228,6 +230,24 @@ class RunDir:
         os.write(fd, f"{os.getpid()}\n".encode())
         _HELD_LOCKS[key] = fd
 
+    def check_own_files(self) -> None:
+        """Every file a run reads or writes is the folder's own: a symbolic link among them
+        (``.lock``, ``checkpoints/`` or a checkpoint in it, ``tb/``, ``best.safetensors``, ...)
+        is a RunError before anything is opened, so a run folder someone hands over never
+        makes a run write, delete or resume outside itself."""
+        names = [self.LOCK, *self.RUN_FILES]
+        links = [n for n in names if self.file(n).is_symlink()]
+        for sub in (self.CHECKPOINTS, self.TENSORBOARD):
+            folder = self.file(sub)
+            if folder.is_dir() and not folder.is_symlink():
+                links += [f"{sub}/{p.name}" for p in sorted(folder.iterdir()) if p.is_symlink()]
+        if links:
+            raise RunError(
+                f"{self.path} holds symbolic links where a run keeps its own files "
+                f"({', '.join(links)}): replace them with the files themselves, or choose "
+                "another run_dir"
+            )
+
     def check_start(self, resume: bool) -> None:
         """A fresh run needs a folder without checkpoints or results; ``resume`` one with a
         checkpoint and a config."""
@@ -239,12 +259,43 @@ class RunDir:
             )
         results = [n for n in self.RESULT_FILES if self.file(n).exists()]
         if not resume and results:
+            again = ""
+            if not self.is_finished() and self.config.is_file():
+                again = " (it stopped before its first checkpoint: --resume starts it again)"
             raise RunError(
                 f"{self.path} already holds results ({', '.join(results)}) and is never "
-                "overwritten by a fresh run: choose another run_dir, or pass --overwrite"
+                f"overwritten by a fresh run{again}: choose another run_dir, or pass --overwrite"
             )
-        if resume and not has_checkpoints:
-            raise RunError(f"--resume: {self.checkpoints} holds no checkpoint to resume from")
+        if resume and not has_checkpoints and (self.is_finished() or not self.config.is_file()):
+            what = "is a finished run" if self.is_finished() else "holds no run's config.yaml"
+            raise RunError(
+                f"--resume: {self.checkpoints} holds no checkpoint to resume from and "
+                f"{self.path} {what}: start a new run_dir"
+            )
+
+    def is_resumable(self) -> bool:
+        """``--resume`` continues this folder: it has a checkpoint, or it is an unfinished run
+        stopped before its first checkpoint (a config and a log or best weights)."""
+        if self.has_checkpoints():
+            return True
+        marks = (self.METRICS, self.BEST)
+        started = self.config.is_file() and any(self.file(n).exists() for n in marks)
+        return started and not self.is_finished()
+
+    def is_run_folder(self) -> bool:
+        """The folder was written by a run: its ``config.yaml`` is a run's config (a mapping
+        with ``seed``, ``optim`` and ``train``) and it holds a run's log, data record,
+        checkpoints or results. What ``--overwrite`` may clear."""
+        if not self.config.is_file():
+            return False
+        try:
+            values = read_yaml(self.config)
+        except (ConfigError, OSError):
+            values = None
+        if not isinstance(values, dict) or not {"seed", "optim", "train"} <= set(values):
+            return False
+        marks = (self.METRICS, self.DATA, *self.RESULT_FILES)
+        return self.has_checkpoints() or any(self.file(n).exists() for n in marks)
 
     def check_resume_config(
         self,
@@ -257,9 +308,11 @@ class RunDir:
         if not self.config.is_file():
             raise RunError(f"--resume: {self.config} is missing")
         try:
-            saved = yaml.safe_load(self.config.read_text())
-        except yaml.YAMLError as err:
-            raise RunError(f"--resume: {self.config} is not valid YAML ({err})") from None
+            saved = read_yaml(self.config)
+        except ConfigError as err:
+            raise RunError(f"--resume: {err}") from None
+        if not isinstance(saved, dict | None):
+            raise RunError(f"--resume: {self.config} does not hold a run's config")
         changed = [k for k in config_diff(saved or {}, config, defaults) if k not in resumable]
         if changed:
             raise RunError(
@@ -276,8 +329,15 @@ class RunDir:
 
         if not self.path.is_dir():
             return []
-        if not self.config.is_file():  # not a run folder: nothing here is a run's to remove
+        present = [n for n in self.RUN_FILES if self.file(n).exists() or self.file(n).is_symlink()]
+        if not present:
             return []
+        if not self.is_run_folder():  # someone's own files under a run's names: keep them
+            raise RunError(
+                f"--overwrite: {self.path} holds {', '.join(present)} but is not a run folder "
+                f"(no readable {self.CONFIG} beside a run's {self.METRICS}, {self.DATA}, "
+                f"{self.CHECKPOINTS}/ or results): nothing removed; choose another run_dir"
+            )
         removed = []
         for name in self.RUN_FILES:
             target = self.file(name)

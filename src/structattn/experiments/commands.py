@@ -7,12 +7,14 @@ import contextlib
 import io
 import math
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import tyro
 
-from structattn.engine.config import find_config, load_config, preset_from_args
-from structattn.errors import ConfigError
+from structattn.engine.config import build_dataclass, find_config, load_config, preset_from_args
+from structattn.engine.rundir import RunDir
+from structattn.errors import ConfigError, RunError
 
 __all__ = ["PresetCommand", "check_sampling", "parse_command"]
 
@@ -43,13 +45,51 @@ class PresetCommand:
 
     @classmethod
     def defaults(cls, args: list[str]):
-        """The command with the preset that ``args`` choose as its defaults."""
+        """The command with the preset that ``args`` choose as its defaults; ``--run-dir X
+        --resume`` without ``--config`` or ``--preset`` takes the run's own ``config.yaml``
+        (a run folder knows its config: no flag needs repeating)."""
+        saved = saved_run_config(args)
+        if saved is not None:
+            path, values = saved
+            return cls(str(path), SAVED_PRESET, build_dataclass(cls.config_class, values))
         config, preset = preset_from_args(args, cls.default_config)
         return cls(config, preset, load_config(cls.config_class, config, preset))
 
     def announce(self) -> None:
         """Say which file and preset the run uses (stderr)."""
-        print(f"config: {find_config(self.config)} [{self.preset}]", file=sys.stderr)
+        where = self.config if self.preset == SAVED_PRESET else find_config(self.config)
+        print(f"config: {where} [{self.preset}]", file=sys.stderr)
+
+
+#: The preset name shown for a config read from a run folder.
+SAVED_PRESET = "the run's own config"
+
+
+def saved_run_config(args: list[str]) -> tuple[Path, dict[str, Any]] | None:
+    """``(path, values)`` of the ``config.yaml`` of the run that ``args`` resume (``--resume``
+    and ``--run-dir X``, neither ``--config`` nor ``--preset``), else None; a folder without a
+    config continues to the usual preset (and its own error). The earlier segment's
+    ``train.stop_at`` is dropped: the run continues to its end unless the flags pause it."""
+    import argparse
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--resume", action="store_true")
+    pre.add_argument("--run-dir")
+    pre.add_argument("--config")
+    pre.add_argument("--preset")
+    known, _ = pre.parse_known_args(args)
+    if not known.resume or not known.run_dir or known.config or known.preset:
+        return None
+    run = RunDir(known.run_dir)
+    if not run.config.is_file():
+        return None
+    try:
+        values = run.read_config()
+    except RunError as err:
+        raise ConfigError(str(err)) from None
+    if isinstance(values.get("train"), dict):  # a pause point belongs to one segment, not the run
+        values["train"] = {**values["train"], "stop_at": None}
+    return run.config, values
 
 
 def _box_text(text: str) -> str:

@@ -1,6 +1,7 @@
 """Sweeps: many runs of one experiment (variants x seeds x learning rates) into one folder tree,
 resumable at any point. A finished run (``final.json``) is read back, never retrained; a run
-with a checkpoint is resumed; a paused one is reported as incomplete. ``reproduce`` and
+with a checkpoint is resumed; a paused one is reported as incomplete. A sweep's table is the
+union of the finished runs in its folder (:func:`read_finished`). ``reproduce`` and
 ``ablate`` of both systems are sweeps (:mod:`.lra.reproduce`, :mod:`.glfusion.ablate`).
 """
 
@@ -13,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from structattn.engine import RunDir, config_diff
-from structattn.errors import ConfigError
+from structattn.errors import ConfigError, RunError
 
 __all__ = [
     "REUSE_IGNORES",
     "SweepResult",
     "SweepRun",
+    "finished_folders",
     "plateau",
+    "read_finished",
     "read_val_curve",
     "run_sweep",
     "tune_lr",
@@ -91,13 +94,41 @@ def run_sweep(
         if not train_missing:
             continue
         say(f"{run.label} -> {rd}")
-        result = run.train(rd.has_checkpoints())
+        result = run.train(rd.is_resumable())
         if "paused_at" in result:  # train.stop_at: not a finished run
             where = Path(run.run_dir).relative_to(root) if root is not None else run.run_dir
             out.incomplete.append(f"{where} (paused at {result['paused_at']})")
             continue
         out.finals[run.key] = result
     return out
+
+
+def finished_folders(root: Path) -> list[tuple[str, int]]:
+    """``(name, seed)`` of every finished run ``root/<name>/seed<k>``: what a table of the
+    folder may hold besides the runs one call asked for."""
+    found = []
+    for folder in sorted(Path(root).glob("*/seed*")):
+        digits = folder.name.removeprefix("seed")
+        if digits.isdigit() and folder.is_dir() and RunDir(folder).is_finished():
+            found.append((folder.parent.name, int(digits)))
+    return found
+
+
+def read_finished(runs: Iterable[SweepRun]) -> tuple[dict[Hashable, dict[str, Any]], list[str]]:
+    """The finished runs among ``runs`` (others are skipped), read back for a table that is the
+    union of the finished runs in its folder: a later call adds rows and never drops the earlier
+    ones. A run of another configuration (or whose files do not read) is left out and named."""
+    finals, left_out = {}, []
+    for run in runs:
+        rd = RunDir(run.run_dir)
+        if not rd.is_finished():
+            continue
+        try:
+            check_reusable(run, rd)
+            finals[run.key] = rd.read_final()
+        except (ConfigError, RunError) as err:
+            left_out.append(str(err))
+    return finals, left_out
 
 
 def check_rates(rates: Sequence[float] | None) -> None:

@@ -12,7 +12,7 @@ from structattn.engine.config import default_config
 from structattn.errors import ConfigError, RunError
 
 from ..stats import paired_difference
-from ..sweep import SweepRun, run_sweep
+from ..sweep import SweepRun, finished_folders, read_finished, run_sweep
 from .baselines import LABEL_BASELINES
 from .config import GLFusionTrainConfig, load_glfusion
 from .report import ablation_table
@@ -56,16 +56,21 @@ def _sweep_run(root: Path, variant: str, seed: int, config, preset, overrides, p
                     defaults)  # fmt: skip
 
 
-def _collect_runs(root: Path, variants, seeds, train_missing: bool, **train) -> dict:
+def _collect_runs(root: Path, variants, seeds, train_missing: bool, **train):
     """``{variant: {seed: results}}``: finished runs read back, missing ones trained (or, with
-    ``train_missing=False``, left out)."""
+    ``train_missing=False``, left out), and every other finished run of the folder whose config
+    matches (the table is their union); plus those of another configuration, named."""
     progress = train["progress"]
     runs = [_sweep_run(root, v, s, **train) for v in variants for s in seeds]
     done = run_sweep(runs, train_missing, root, log=None if progress else (lambda text: None))
+    asked = {r.key for r in runs}
+    others = [_sweep_run(root, v, s, **train) for v, s in finished_folders(root)
+              if v in GLFUSION_ABLATIONS and (v, s) not in asked]  # fmt: skip
+    read_back, left_out = read_finished(others)
     out: dict[str, dict[int, dict]] = {}
-    for (variant, seed), result in done.finals.items():
+    for (variant, seed), result in sorted({**read_back, **done.finals}.items()):
         out.setdefault(variant, {})[seed] = result
-    return out
+    return out, left_out
 
 
 def _ensembles(runs: dict[int, dict], seeds: list[int]) -> list[float]:
@@ -121,17 +126,22 @@ def ablate_glfusion(
     if "full" not in variants:
         variants = ("full", *variants)
     root = Path(out_dir) / preset
-    runs = _collect_runs(root, variants, seeds, train_missing, config=config, preset=preset,
-                         overrides=overrides, progress=progress, models=models)  # fmt: skip
+    runs, left_out = _collect_runs(root, variants, seeds, train_missing, config=config,
+                                   preset=preset, overrides=overrides, progress=progress,
+                                   models=models)  # fmt: skip
+    variants = tuple(v for v in GLFUSION_ABLATIONS if v in variants or v in runs)
     if not runs.get("full"):
         raise RunError(f"no finished run of the full model under {root}; train it first")
     stats = ablation_statistics(runs, variants)
     table = ablation_table(preset, variants, runs, stats)
+    for reason in left_out:
+        table += f"\n\nNot in the table (finished, another configuration): {reason}"
     summary = {
         "preset": preset,
         "seeds": sorted(runs["full"]),
         "variants": list(variants),
         "runs": {v: {str(s): r for s, r in rs.items()} for v, rs in runs.items()},
+        "left_out": left_out,
         **stats,
     }
     root.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from structattn.hkt.model import CausalLM, count_parameters
 from structattn.utils.fingerprint import fingerprint
 
 from .config import LMConfig
-from .generate import HF_DIR, build_lm, generate_text
+from .generate import HF_DIR, build_lm, check_lm_shapes, generate_text
 
 __all__ = ["ByteLM", "bits_per_byte", "train_lm"]
 
@@ -81,6 +81,7 @@ class ByteLM(Experiment):
 
     def build_data(self) -> None:
         self.corpus = load_corpus(self.cfg.data)
+        check_lm_shapes(self.cfg, self.corpus.vocab_size)  # before data.json is written
         self.train_set = self.corpus.train
 
     def data_identity(self) -> dict[str, Any]:

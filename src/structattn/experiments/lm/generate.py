@@ -9,18 +9,31 @@ import torch
 
 from structattn.data.corpus import EOD, VOCAB_SIZE, decode_ids, encode_text
 from structattn.engine import RunDir, build_dataclass
+from structattn.engine.experiment import check_data_decided
 from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import CausalLM
 
 from .config import LMConfig
 
-__all__ = ["build_lm", "generate_text", "load_lm"]
+__all__ = ["build_lm", "check_lm_shapes", "generate_text", "load_lm"]
 
 #: The transformers-format copy of the best weights in a language-model run folder.
 HF_DIR = "hf"
 
 
+def check_lm_shapes(cfg: LMConfig, vocab_size: int) -> None:
+    """The model's vocabulary is the corpus's (``vocab_size``), its longest sequence
+    ``data.seq_len``: ``model.vocab_size`` / ``max_len`` set to other values are a ConfigError
+    (left at their defaults, the data decides them)."""
+    check_data_decided(cfg.model, {"vocab_size": (vocab_size, "the byte corpus"),
+                                   "max_len": (cfg.data.seq_len, "data.seq_len")},
+                       "model")  # fmt: skip
+
+
 def build_lm(cfg: LMConfig, vocab_size: int) -> CausalLM:
+    """The language model of ``cfg`` on a corpus of ``vocab_size`` tokens
+    (:func:`check_lm_shapes`)."""
+    check_lm_shapes(cfg, vocab_size)
     return CausalLM(cfg.model.replace(vocab_size=vocab_size, max_len=cfg.data.seq_len))
 
 
@@ -86,7 +99,7 @@ def load_lm(path: Path):
     for folder in (path, path / HF_DIR):
         if (folder / "config.json").is_file():
             try:
-                return HKTForCausalLM.from_pretrained(folder).eval()
+                return HKTForCausalLM.from_pretrained(folder, use_safetensors=True).eval()
             except Exception as err:  # damaged files: say which
                 msg = f"{folder}: cannot load the model ({type(err).__name__}: {err})"
                 raise RunError(msg) from None

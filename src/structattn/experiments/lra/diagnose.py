@@ -307,7 +307,10 @@ def diagnose(
     if not untrained:
         if not weights.is_file():
             raise FileNotFoundError(f"{weights} not found: has the run finished an evaluation?")
-        load_weights(model, weights)
+        try:
+            load_weights(model, weights)
+        except (ValueError, OSError) as err:  # damaged or non-finite weights: say which
+            raise RunError(f"{run_dir}: cannot load weights ({err})") from None
     sequences = [data.val.sequences[i][:max_len] for i in range(min(n_sequences, len(data.val)))]
     report = diagnose_model(model, sequences)
     report["run_dir"] = str(run_dir)

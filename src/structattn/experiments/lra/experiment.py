@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from structattn.data import SequenceDataset, TaskData, load_task, pad_collate
 from structattn.engine import Experiment, FitResult, RunDir, build_dataclass, json_safe
+from structattn.engine.experiment import check_data_decided, check_run_data
 from structattn.errors import ConfigError, RunError
 from structattn.hkt.model import SequenceClassifier, count_parameters
 from structattn.utils.fingerprint import fingerprint
@@ -32,6 +33,7 @@ from .config import LRAConfig
 __all__ = [
     "SequenceClassification",
     "build_model",
+    "data_identity",
     "evaluate",
     "evaluate_run",
     "hkt_state",
@@ -75,12 +77,34 @@ def evaluate(
     return {"loss": total_loss / count, "acc": correct / count, "n": count}
 
 
+def check_shapes(cfg: LRAConfig, data: TaskData) -> None:
+    """``model.vocab_size``, ``num_classes`` and ``max_len`` are the data's: a value set in
+    ``cfg`` that differs is a ConfigError (left at their defaults, the data decides them)."""
+    what = f"the data ({data.source})"
+    check_data_decided(cfg.model, {"vocab_size": (data.vocab_size, what),
+                                   "num_classes": (data.num_classes, what),
+                                   "max_len": (data.seq_len, what)}, "model")  # fmt: skip
+
+
 def build_model(cfg: LRAConfig, data: TaskData) -> SequenceClassifier:
-    """The classifier for ``cfg`` with vocab, classes and max length taken from ``data``."""
+    """The classifier for ``cfg`` with vocab, classes and max length taken from ``data``
+    (:func:`check_shapes`)."""
+    check_shapes(cfg, data)
     model_cfg = cfg.model.replace(
         vocab_size=data.vocab_size, num_classes=data.num_classes, max_len=data.seq_len
     )
     return SequenceClassifier(model_cfg)
+
+
+def data_identity(data: TaskData) -> dict[str, Any]:
+    """``{"source", "sha256"}`` of a task's three splits (the content: sequences and labels),
+    as ``data.json`` records it; hashed once per loaded dataset (``reproduce`` runs many seeds
+    on one ``TaskData``)."""
+    digest = data.__dict__.get("_sha256")
+    if digest is None:
+        splits = [(d.sequences, d.labels) for d in (data.train, data.val, data.test)]
+        digest = data.__dict__["_sha256"] = fingerprint(*splits)
+    return {"source": data.source, "sha256": digest}
 
 
 def hkt_state(model: SequenceClassifier) -> dict[str, Any] | None:
@@ -110,19 +134,14 @@ class SequenceClassification(Experiment):
             if len(getattr(self.data, split)) == 0:
                 raise RunError(f"task {self.data.name}: the {split} split is empty "
                                f"({self.data.source})")  # fmt: skip
+        check_shapes(self.cfg, self.data)  # before data.json is written
         self.train_set = self.data.train
 
     def build_model(self) -> SequenceClassifier:
         return build_model(self.cfg, self.data)
 
     def data_identity(self) -> dict[str, Any]:
-        """Hashed once per loaded dataset: ``reproduce`` runs many seeds on one ``TaskData``."""
-        data = self.data
-        digest = data.__dict__.get("_sha256")
-        if digest is None:
-            splits = [(d.sequences, d.labels) for d in (data.train, data.val, data.test)]
-            digest = data.__dict__["_sha256"] = fingerprint(*splits)
-        return {"source": data.source, "sha256": digest}
+        return data_identity(self.data)
 
     def collate(self, items) -> dict[str, torch.Tensor]:
         return _model_inputs(items)
@@ -182,12 +201,14 @@ def load_run_config(run_dir: Path) -> LRAConfig:
 
 
 def evaluate_run(run_dir: Path, split: str = "test", data: TaskData | None = None) -> dict:
-    """Evaluate a run's best weights (or its latest checkpoint) on ``split``."""
+    """Evaluate a run's best weights (or its latest checkpoint) on ``split``: only on the data
+    the run trained on (its ``data.json``, compared as ``--resume`` compares it)."""
     if split not in ("train", "val", "test"):
         raise ConfigError(f"split must be train, val or test, got {split!r}")
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     data = data if data is not None else load_task(cfg.data)
+    check_run_data(run_dir, data_identity(data))
     if len(getattr(data, split)) == 0:
         raise RunError(f"the {split} split of {data.name} is empty")
     model = build_model(cfg, data)

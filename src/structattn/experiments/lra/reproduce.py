@@ -3,7 +3,9 @@
 ``reproduce(preset, seeds, tasks)`` trains the shipped ``<task>-{hkt,mha}`` experiments for every
 seed into ``<out_dir>/<preset>/<task>-<variant>/seed<k>`` (runs with a ``final.json`` are
 skipped, runs with a checkpoint are resumed), then writes ``results.md`` / ``results.json`` and
-PNG plots beside them: validation accuracy against step, and the learned level weights and beta.
+PNG plots beside them (validation accuracy against step, and the learned level weights and
+beta) over every finished run in the folder: a later call with other seeds or variants adds
+rows, never drops them.
 
 Beyond HKT and MHA, ``variants`` adds models trained on the same budget, data order and seeds:
 ``mha-wide`` (MHA widened to HKT's parameter count, so that extra parameters are not mistaken for
@@ -30,7 +32,16 @@ from structattn.engine.config import default_config, merge_overrides
 from structattn.errors import ConfigError
 
 from ..stats import mean_std, paired_difference
-from ..sweep import SweepRun, check_rates, plateau, read_val_curve, run_sweep, tune_lr
+from ..sweep import (
+    SweepRun,
+    check_rates,
+    finished_folders,
+    plateau,
+    read_finished,
+    read_val_curve,
+    run_sweep,
+    tune_lr,
+)
 from ..tables import comparison_table, mean_std_cell, verdict
 from .baselines import shallow_baselines
 from .config import LRAConfig, load_lra
@@ -179,6 +190,28 @@ def _diagnostics(root: Path, tasks, seeds) -> dict:
     return out
 
 
+def _other_runs(jobs: _Jobs, root: Path, tuned, asked) -> list[SweepRun]:
+    """The finished runs under ``root`` that this call did not ask for, as sweep runs of the
+    configuration this call would give them (the table keeps those that match)."""
+    runs = []
+    for name, seed in finished_folders(root):
+        task, _, variant = name.partition("-")
+        if task in TASKS and variant in VARIANTS and (task, variant, seed) not in asked:
+            lr = tuned.get((task, VARIANTS[variant][0]))
+            runs.append(jobs.run((task, variant, seed), task, variant, seed,
+                                 root / name / f"seed{seed}", name, lr))  # fmt: skip
+    return runs
+
+
+def _table_axes(finals, tasks, variants, seeds) -> tuple[list[str], list[str], list[int]]:
+    """Tasks, variants and seeds of the table: those asked for and those of every finished run
+    read back, in the shipped order."""
+    keys = set(finals)
+    tasks = [t for t in TASKS if t in tasks or any(k[0] == t for k in keys)]
+    variants = [v for v in VARIANTS if v in variants or any(k[1] == v for k in keys)]
+    return tasks, variants, sorted(set(seeds) | {k[2] for k in keys})
+
+
 def reproduce(
     preset: str = "quick",
     seeds: Sequence[int] = (0, 1, 2),
@@ -204,6 +237,9 @@ def reproduce(
         for i, (t, v, s) in enumerate(grid, 1)
     ]  # fmt: skip
     done = run_sweep(runs, root=root)
+    others, left_out = read_finished(_other_runs(jobs, root, tuned, set(grid)))
+    finals = {**others, **done.finals}
+    tasks, variants, seeds = _table_axes(finals, tasks, variants, seeds)
     diagnostics = _diagnostics(root, tasks, seeds) if "hkt" in variants else {}
     shallow = {}
     if baselines:
@@ -211,8 +247,9 @@ def reproduce(
             _, data = jobs.config(task, "mha", seeds[0], root / f"{task}-mha" / f"seed{seeds[0]}")
             shallow[task] = {k: {s: 100 * a for s, a in v.items()}
                              for k, v in shallow_baselines(data).items()}  # fmt: skip
-    results = summarise(root, tasks, seeds, done.finals, diagnostics, variants, shallow)
+    results = summarise(root, tasks, seeds, finals, diagnostics, variants, shallow)
     results["incomplete"] = done.incomplete
+    results["left_out"] = left_out
     results["lr_sweep"] = {"rates": list(lr_sweep or []), "seed": SWEEP_SEED, "tasks": sweeps}
     results["wall_s"] = time.perf_counter() - started
     results["preset"] = preset
@@ -341,6 +378,8 @@ def results_table(results: dict[str, Any]) -> str:
         lines.append(
             "Not in the table (unfinished; rerun to resume): " + ", ".join(results["incomplete"])
         )
+    for reason in results.get("left_out", []):
+        lines.append(f"Not in the table (finished, another configuration): {reason}")
     if "wall_s" in results:
         lines.append(f"Wall time of this reproduce call: {results['wall_s'] / 60:.1f} min.")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from structattn.engine.config import default_config
 from structattn.errors import ConfigError, RunError
 
 from ...stats import mean_std, paired_difference
-from ...sweep import SweepRun, check_rates, run_sweep
+from ...sweep import SweepRun, check_rates, finished_folders, read_finished, run_sweep
 from ...tables import comparison_table, mean_std_cell, verdict
 from .config import GNN_MODELS, CodeNamesConfig, load_code_config
 from .metrics import name_scores
@@ -265,6 +265,8 @@ def table_markdown(results: dict[str, Any]) -> str:
             for m, s in sweeps.items())]  # fmt: skip
     if results.get("incomplete"):
         lines += ["", "Unfinished runs: " + ", ".join(results["incomplete"])]
+    for reason in results.get("left_out", []):
+        lines += ["", f"Not in the table (finished, another configuration): {reason}"]
     lines += ["", "Flattened: no gain of 1 pp or more in validation F1 over the last fifth of "
               "training, per seed."]  # fmt: skip
     return "\n".join(lines)
@@ -297,6 +299,19 @@ def plot_table(results: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _with_other_runs(jobs: _Jobs, root: Path, runs, finals, tuned) -> tuple[dict, list[str]]:
+    """``finals`` and every other finished run of ``root`` whose config is the one this call
+    gives its row (the table is the union of the folder's finished runs); those of another
+    configuration are named."""
+    asked = {r.key for r in runs}
+    others = [
+        jobs.run((row, s), row, s, root / row / f"seed{s}", row, tuned.get(_base_model(row)))
+        for row, s in finished_folders(root) if row in ROWS and (row, s) not in asked
+    ]  # fmt: skip
+    read_back, left_out = read_finished(others)
+    return {**read_back, **finals}, left_out
 
 
 def code_names_table(
@@ -332,29 +347,34 @@ def code_names_table(
         for row in rows for s in seeds
     ]  # fmt: skip
     done = run_sweep(runs, train_missing, root, log=log)
-    if not done.finals:
+    finals, left_out = _with_other_runs(jobs, root, runs, done.finals, tuned)
+    if not finals:
         raise RunError(f"no finished run under {root}; train them first")
-    plateaus = {k: plateau(root / k[0] / f"seed{k[1]}") for k in done.finals}
+    rows = tuple(r for r in ROWS if r in rows or any(k[0] == r for k in finals))
+    seeds = sorted(set(seeds) | {k[1] for k in finals})
+    plateaus = {k: plateau(root / k[0] / f"seed{k[1]}") for k in finals}
     train_names, refs, sizes = _data_refs(jobs.resolved("glfusion", 0, None))
-    rates = {}
-    for row in rows:
-        cfg = jobs.resolved(row, 0, None, tuned.get(_base_model(row)))
-        rates[row] = cfg.optim.lr
+    rates = {row: jobs.resolved(row, 0, None, tuned.get(_base_model(row))).optim.lr for row in rows}
     results = {
         "preset": preset,
         "gnn_preset": gnn_preset,
         "seeds": list(seeds),
         "examples": sizes,
         "shallow": shallow_baselines(train_names, refs),
-        "summary": summarise(root, rows, seeds, done.finals, plateaus),
+        "summary": summarise(root, rows, seeds, finals, plateaus),
         "rates": rates,
         "lr_sweep": sweeps,
         "incomplete": done.incomplete,
-        "runs": {f"{row} seed{s}": r for (row, s), r in done.finals.items()},
+        "left_out": left_out,
+        "runs": {f"{row} seed{s}": r for (row, s), r in sorted(finals.items())},
         "wall_s": time.perf_counter() - started,
     }
+    _write_table(root, results)
+    return results
+
+
+def _write_table(root: Path, results: dict[str, Any]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "table.json").write_text(json.dumps(json_safe(results), indent=2, allow_nan=False))
     (root / "table.md").write_text(table_markdown(results) + "\n")
     plot_table(results, root / "table.png")
-    return results
