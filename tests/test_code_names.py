@@ -399,3 +399,25 @@ def test_glfusion_groups_give_the_gates_their_own_learning_rate(tmp_path):
         assert grouped == trainable  # every trainable parameter once, nothing frozen
     with pytest.raises(ValueError, match="gate_lr"):
         CodeNamesConfig(model="glfusion", gate_lr=0.0)
+
+
+def test_a_stop_during_validation_ends_the_pass_before_its_next_batch(tmp_path, monkeypatch):
+    """A SIGTERM the training loop received is read before every batch of a validation pass
+    (generation makes a pass take minutes): the process ends as a stop during training does,
+    with nothing of the pass recorded."""
+    import signal
+
+    import structattn.experiments.glfusion.code.experiment as experiment
+    from structattn.experiments.glfusion.code.config import load_code_config
+
+    _build().save(tmp_path / "ds")
+    cfg = load_code_config("glfusion-code", "quick", dataset_path=str(tmp_path / "ds"),
+                           model="gin", run_dir=str(tmp_path / "run"), emb_dim=8, gnn_layers=2,
+                           train={"max_steps": 4, "batch_size": 2, "eval_every": 2})  # fmt: skip
+    monkeypatch.setattr(experiment, "stop_requested", lambda: signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        experiment.train_code_names(cfg, progress=False)
+    assert exc.value.code == 128 + signal.SIGTERM
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]
+    assert not [r for r in rows if ",val," in r]
+    assert not (tmp_path / "run" / "final.json").exists()

@@ -374,6 +374,9 @@ def test_load_validates_the_graph(tmp_path, changes, message):
          "1 node(s) [11] have an empty text"),
         (dict(label_names=["a", "b", "a"]), "label_names repeat ['a']"),
         (dict(label_names=[0, 1, 2]), "label_names must be a list of strings"),
+        (dict(node_ids=[f"n{i}" for i in range(11)] + ["n0"]), "node ids repeat ['n0']"),
+        (dict(node_ids=["n0", "n1"]), "2 node ids for 12 nodes"),
+        (dict(node_ids="n0"), "node_ids must be a list of strings"),
     ],
 )  # fmt: skip
 def test_load_validates_the_graph_json(tmp_path, meta, message):
@@ -545,3 +548,43 @@ def test_atomic_path_and_dir_leave_the_target_whole_on_failure(tmp_path):
         (tmp / "y").write_text("3")
     assert sorted(p.name for p in folder.iterdir()) == ["y"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f.txt"]
+
+
+def test_from_pyg_takes_class_names_as_labels_and_none_as_unlabelled():
+    y = [NAMES[i % 3] for i in range(10)] + [None, ""]
+    graph = TextAttributedGraph.from_pyg(_pyg(y=y, test=[9]), TEXTS, NAMES)
+    assert graph.labels.tolist() == [i % 3 for i in range(10)] + [-1, -1]
+    import numpy as np
+
+    as_array = TextAttributedGraph.from_pyg(_pyg(y=np.array(y[:10] + ["a", "b"]), test=[9]),
+                                            TEXTS, NAMES)  # fmt: skip
+    assert as_array.labels.tolist()[:10] == graph.labels.tolist()[:10]
+    with pytest.raises(ValueError) as err:
+        TextAttributedGraph.from_pyg(_pyg(y=y[:11] + ["zebra"], test=[9]), TEXTS, NAMES)
+    assert "class names that are not in label_names: ['zebra']" in _one_line(err)
+
+
+def test_node_ids_name_nodes_and_survive_save_and_load(tmp_path):
+    ids = [f"pkg:{i}" for i in range(12)]
+    graph = TextAttributedGraph.from_pyg(_pyg(), TEXTS, NAMES, node_ids=ids)
+    graph.save(tmp_path / "g")
+    again = TextAttributedGraph.load(tmp_path / "g")
+    assert again.node_ids == ids
+    assert again.node_index("pkg:7") == 7 and again.node_index(3) == 3
+    assert again.node_index("4") == 4
+    with pytest.raises(ValueError, match=r"node 'pkg:99' is not in .*'pkg:0'"):
+        again.node_index("pkg:99")
+    with pytest.raises(ValueError, match="give 0..11"):
+        again.node_index(12)
+
+
+def test_a_graph_without_edges_is_named(tmp_path):
+    data = _pyg()
+    data.edge_index = torch.zeros(2, 0, dtype=torch.long)
+    with pytest.warns(UserWarning, match="has no edges"):
+        TextAttributedGraph.from_pyg(data, TEXTS, NAMES)
+
+
+def test_a_moved_graph_folder_says_how_to_point_at_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--graph PATH"):
+        TextAttributedGraph.load(tmp_path / "gone")

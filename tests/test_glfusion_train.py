@@ -21,6 +21,13 @@ TINY = dict(
 )
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """predict and generate cache encodings in the user's data folder, never the run's: here a
+    folder of the test's own."""
+    monkeypatch.setenv("STRUCTATTN_DATA_DIR", str(tmp_path / "user-cache"))
+
+
 def tiny_cfg(tmp_path, train, **kw):
     """A tiny GL-Fusion config on the generated graph in ``tmp_path / "data"``."""
     return build_glfusion_config({**TINY, "data_dir": tmp_path / "data", **kw, "train": train})
@@ -309,7 +316,7 @@ def test_predict_new_nodes_from_a_saved_run(tmp_path, capsys):
 
     from structattn.errors import ConfigError, RunError
 
-    with pytest.raises(ConfigError, match="node ids"):
+    with pytest.raises(ConfigError, match=r"nodes \[10000\] are not in the graph"):
         predict_nodes(tmp_path / "run", [10_000], llm=fresh_llm, encoder=encoder)
     with pytest.raises(RunError, match="not found"):
         predict_nodes(tmp_path / "nowhere", [0])
@@ -406,6 +413,10 @@ def test_a_graph_of_ones_own_with_unlabelled_nodes_trains_and_every_command_read
     node = int(dropped[0])
     (row,) = predict_nodes(tmp_path / "own", [node], llm=fresh_llm, encoder=encoder)
     assert row["node"] == node and abs(sum(row["ensemble"]) - 1) < 1e-5 and row["true"] is None
+    (by_id,) = predict_nodes(
+        tmp_path / "own", [g.node_ids[node]], llm=tiny_glfusion_models(tmp_path)[0], encoder=encoder
+    )  # a node named by its id, as printed
+    assert (by_id["node"], by_id["node_id"], by_id["gnn"]) == (node, g.node_ids[node], row["gnn"])
     # a node the run never saw: its text and an edge, no label
     import dataclasses
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +97,26 @@ def _class_indices(t: Tensor, what: str) -> Tensor:
     return t.long()
 
 
+def _labels_from(y, label_names) -> Tensor:
+    """``data.y`` as class indices: a tensor, array or list of integers, or of class names
+    (``None``, ``""`` or NaN for an unlabelled node, -1); a name not in ``label_names`` is
+    refused."""
+    values = y.tolist() if hasattr(y, "tolist") and not isinstance(y, Tensor) else y
+    if isinstance(values, (list, tuple)) and any(isinstance(v, str) for v in values):
+        index = {name: i for i, name in enumerate(label_names)}
+
+        def unlabelled(v) -> bool:
+            return v is None or v == "" or (isinstance(v, float) and math.isnan(v))
+
+        unknown = sorted({str(v) for v in values if not unlabelled(v) and v not in index})
+        if unknown:
+            raise ValueError(
+                f"data.y holds class names that are not in label_names: {unknown[:10]}"
+            )
+        return torch.tensor([-1 if unlabelled(v) else index[v] for v in values], dtype=torch.long)
+    return _class_indices(torch.as_tensor(y).reshape(-1), "data.y")
+
+
 @dataclass
 class TextAttributedGraph:
     """A graph whose nodes carry text and a class label."""
@@ -112,6 +134,13 @@ class TextAttributedGraph:
 
     def __post_init__(self) -> None:
         self.validate()
+        if self.edge_index.shape[1] == 0:
+            warnings.warn(
+                f"{self.name} has no edges: message passing and the neighbours in each prompt "
+                "have nothing to read (a model on it uses node texts alone)",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @property
     def num_nodes(self) -> int:
@@ -187,8 +216,7 @@ class TextAttributedGraph:
             )
         if self.edge_texts is not None and len(self.edge_texts) != ei.shape[1]:
             raise ValueError(f"{len(self.edge_texts)} edge texts for {ei.shape[1]} edges")
-        if self.node_ids and len(self.node_ids) != n:
-            raise ValueError(f"{len(self.node_ids)} node ids for {n} nodes")
+        self._validate_node_ids(n)
         owner = torch.full((n,), -1, dtype=torch.long)  # which split each node is in
         for number, (key, idx) in enumerate(self.splits.items()):
             if not isinstance(idx, Tensor) or idx.dim() != 1 or not _is_integer(idx):
@@ -221,6 +249,39 @@ class TextAttributedGraph:
                 )
             owner[idx] = number
 
+    def _validate_node_ids(self, n: int) -> None:
+        ids = self.node_ids
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(f"node_ids must be a list of strings, got {_describe(ids)}")
+        if not ids:
+            return
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} node ids for {n} nodes: give one id per node")
+        if not all(isinstance(x, str) and x.strip() for x in ids):
+            raise ValueError("node ids must be non-empty strings (a node's name)")
+        repeated = sorted(x for x, count in Counter(ids).items() if count > 1)
+        if repeated:
+            raise ValueError(f"node ids repeat {repeated[:10]}: each node needs its own id")
+
+    def node_index(self, node: int | str) -> int:
+        """The index of ``node``: an index ``0..N-1`` (an int, or a string of digits when the
+        graph has no ids of that spelling) or one of the graph's node ids. An unknown node is a
+        ValueError naming it."""
+        ids = self.__dict__.get("_id_lookup")
+        if ids is None or ids[0] is not self.node_ids:
+            ids = (self.node_ids, {x: i for i, x in enumerate(self.node_ids)})
+            self.__dict__["_id_lookup"] = ids
+        if isinstance(node, str) and node in ids[1]:
+            return ids[1][node]
+        text = str(node).strip()
+        if text.lstrip("-").isdigit() and 0 <= int(text) < self.num_nodes:
+            return int(text)
+        some = ", ".join(repr(x) for x in self.node_ids[:3])
+        named = f" or a node id ({some}, ...)" if self.node_ids else ""
+        raise ValueError(
+            f"node {node!r} is not in {self.name}: give 0..{self.num_nodes - 1}{named}"
+        )
+
     @classmethod
     def from_pyg(
         cls,
@@ -231,13 +292,17 @@ class TextAttributedGraph:
         name: str = "custom-graph",
         source: str | None = None,
         edge_texts: list[str] | None = None,
+        node_ids: list[str] | None = None,
     ) -> TextAttributedGraph:
         """Your own graph: a ``torch_geometric`` ``Data`` with ``edge_index (2, E)`` and
-        ``y (N,)``, one text per node, the class names, and the split as ``train_mask`` /
+        ``y (N,)`` (class indices, or class names from ``label_names`` with ``None`` for an
+        unlabelled node), one text per node, the class names, and the split as ``train_mask`` /
         ``val_mask`` / ``test_mask`` on ``data`` or ``split = {"train": idx, "val": idx,
         "test": idx}`` (node indices, or ``(N,)`` bool masks). Nodes outside every split may
         carry ``y = -1``. ``edge_texts``: one string per edge of ``edge_index`` ("cites"), fed
         to message passing as edge features with ``edge_texts: true`` in the config.
+        ``node_ids``: one unique name per node ("pkg:bash"), accepted wherever a node is named
+        (``predict --nodes``, ``generate --node``) and printed beside predictions.
 
         Raises ``ValueError`` naming the problem: a graph with zero nodes, a node without text,
         texts that do not match the node count, edge indices out of range, labels that are not
@@ -256,7 +321,7 @@ class TextAttributedGraph:
         y = getattr(data, "y", None)
         if y is None:
             raise ValueError("data.y (one class index per node) is required")
-        y = _class_indices(torch.as_tensor(y).reshape(-1), "data.y")
+        y = _labels_from(y, label_names)
         if split is None:
             split = {}
             for key in ("train", "val", "test"):
@@ -287,7 +352,7 @@ class TextAttributedGraph:
             source=source or f"{name} (your own graph)",
             stand_in=False,
             edge_texts=None if edge_texts is None else list(edge_texts),
-            node_ids=[str(i) for i in range(n)],
+            node_ids=list(node_ids) if node_ids is not None else [str(i) for i in range(n)],
         )
 
     def save(self, path: str | Path) -> None:
@@ -325,7 +390,10 @@ class TextAttributedGraph:
         path = Path(path)
         for file in ("graph.json", "graph.safetensors"):
             if not (path / file).is_file():
-                raise FileNotFoundError(f"{path / file} not found (write it with graph.save)")
+                raise FileNotFoundError(
+                    f"{path / file} not found: give the folder TextAttributedGraph.save wrote "
+                    "(a graph folder that moved: pass its new path, --graph PATH)"
+                )
         try:
             meta = json.loads((path / "graph.json").read_text())
             tensors = load_file(str(path / "graph.safetensors"))

@@ -10,11 +10,28 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from structattn.errors import ConfigError
+
 from .configuration import GLFusionConfig
-from .loading import encode_texts, load_llm, load_text_encoder
+from .loading import encode_texts, llm_layer_count, load_llm, load_text_encoder
 from .modeling import GLFusionForCausalLM, apply_lora
 
-__all__ = ["GLFusionParts", "build_glfusion", "stop_token_ids"]
+__all__ = ["GLFusionParts", "build_glfusion", "check_layers", "stop_token_ids"]
+
+
+def check_layers(num_layers: int | None, llm: object, **layers: list[int] | None) -> None:
+    """Every index of ``layers`` (``message_passing_layers=[...]``, ``cross_attention_layers=
+    [...]``; ``None``: the defaults, always in range) names a decoder layer of an LLM with
+    ``num_layers`` layers (``llm`` names it in the error); ``None`` layers: not checked."""
+    if num_layers is None:
+        return
+    for key, indices in layers.items():
+        bad = [i for i in indices or () if not 0 <= i < num_layers]
+        if bad:
+            raise ConfigError(
+                f"{key} {bad}: the LLM {llm} has {num_layers} decoder layers, so indices "
+                f"must be in 0..{num_layers - 1}"
+            )
 
 
 @dataclass
@@ -48,7 +65,11 @@ def build_glfusion(
     """GL-Fusion around the LLM at ``llm`` (a folder or ``.gguf``; default: SmolLM2-135M of
     ``make models``) reading node texts with the encoder at ``encoder`` (default:
     all-MiniLM-L6-v2); ``config`` sets any :class:`GLFusionConfig` field (``text_dim`` comes
-    from the encoder). ``lora_r > 0`` puts LoRA adapters on the (then frozen) LLM."""
+    from the encoder). ``lora_r > 0`` puts LoRA adapters on the (then frozen) LLM. Layer
+    indices are checked against the LLM's ``config.json`` (or GGUF header) before any weight
+    loads."""
+    layers = {k: config.get(k) for k in ("message_passing_layers", "cross_attention_layers")}
+    check_layers(llm_layer_count(llm), llm or "SmolLM2-135M", **layers)
     base, tokenizer = load_llm(llm, dtype=dtype)
     enc_model, enc_tok = load_text_encoder(encoder)
     gl_config = GLFusionConfig(text_dim=enc_model.config.hidden_size,

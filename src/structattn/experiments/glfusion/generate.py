@@ -13,14 +13,14 @@ from structattn.errors import ConfigError
 from structattn.glfusion.build import stop_token_ids
 from structattn.glfusion.prompts import build_example, collate_examples
 
-from .predict import load_run
+from .predict import load_run, node_indices
 
 __all__ = ["generate_about_node"]
 
 
 def generate_about_node(
     run_dir: str | Path,
-    node: int,
+    node: int | str,
     prompt: str,
     graph: TextAttributedGraph | None = None,
     llm=None,
@@ -30,18 +30,21 @@ def generate_about_node(
     temperature: float = 0.8,
     top_k: int = 40,
     seed: int = 0,
+    data_dir: str | Path | None = None,
 ) -> str:
     """The continuation of ``prompt`` by the run's best model, the prompt being the graph of
-    ``node``'s subgraph (sampled as the run samples it) followed by ``prompt`` (not training's
-    classification instruction); greedy unless ``do_sample``. Stops at the
-    tokenizer's end-of-text or end-of-turn token or after ``max_new_tokens``."""
+    ``node``'s subgraph (``node``: an index or a node id; sampled as the run samples it)
+    followed by ``prompt`` (not training's classification instruction); greedy unless
+    ``do_sample``. Stops at the tokenizer's end-of-text or end-of-turn token or after
+    ``max_new_tokens``. Node-text encodings are cached in ``data_dir`` (default
+    ``$STRUCTATTN_DATA_DIR`` or ``~/.cache/structattn``), never where the run's config
+    points."""
     if not prompt.strip():
         raise ConfigError("prompt must be a non-empty text")
-    run = load_run(run_dir, llm, encoder, graph)
+    run = load_run(run_dir, llm, encoder, graph, data_dir)
     cfg, graph, model, tok = run.cfg, run.graph, run.model, run.tokenizer
-    if not 0 <= int(node) < graph.num_nodes:
-        raise ConfigError(f"node must be in 0..{graph.num_nodes - 1}, got {node}")
-    ex = build_example(graph, int(node), tok, model.config, num_hops=cfg.num_hops,
+    (node,) = node_indices(graph, [node])
+    ex = build_example(graph, node, tok, model.config, num_hops=cfg.num_hops,
                        max_nodes=cfg.max_nodes, seed=cfg.seed,
                        show_neighbour_labels=cfg.show_neighbour_labels,
                        edge_texts=cfg.edge_texts)  # fmt: skip

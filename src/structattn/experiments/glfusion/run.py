@@ -11,9 +11,11 @@ from torch import Tensor, nn
 
 from structattn.data.graphs import TextAttributedGraph
 from structattn.engine import Experiment, FitResult, json_safe
+from structattn.engine.loop import stop_requested
 from structattn.errors import ConfigError
+from structattn.glfusion.build import check_layers
 from structattn.glfusion.configuration import GLFusionConfig
-from structattn.glfusion.loading import EncodingCache
+from structattn.glfusion.loading import EncodingCache, llm_layer_count
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
 from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids, mean_pool
 from structattn.utils.fingerprint import fingerprint
@@ -32,16 +34,32 @@ from .evaluation import (
     gnn_accuracy,
     head_accuracies,
     head_probabilities,
+    stop_exits,
 )
 from .groups import glfusion_param_groups
 from .report import PAPER_ARXIV, results_table
 from .targets import prompt_examples, split_targets
 
-__all__ = ["NodeClassification", "build_model", "train_glfusion"]
+__all__ = ["NodeClassification", "build_model", "stop_signal", "train_glfusion"]
+
+
+def stop_signal() -> int | None:
+    """The signal (SIGINT or SIGTERM) that the engine's training loop received and has not acted
+    on yet, else ``None`` (:func:`structattn.engine.loop.stop_requested`): a long evaluation
+    reads it between batches to stop sooner."""
+    return stop_requested()
+
+
+def _check_layers(cfg: GLFusionTrainConfig, num_layers: int | None) -> None:
+    check_layers(num_layers, cfg.llm or DEFAULT_LLM,
+                 message_passing_layers=cfg.message_passing_layers,
+                 cross_attention_layers=cfg.cross_attention_layers)  # fmt: skip
 
 
 def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int):
-    """GL-Fusion around ``base`` with LoRA adapters, as ``cfg`` configures it."""
+    """GL-Fusion around ``base`` with LoRA adapters, as ``cfg`` configures it; the graph's label
+    names (the GNN head's classes, in order) are saved with the model (``extra``)."""
+    _check_layers(cfg, base.config.num_hidden_layers)
     gl_config = GLFusionConfig(
         text_dim=text_dim,
         num_node_classes=len(graph.label_names),
@@ -51,6 +69,7 @@ def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int)
         target_marker=cfg.target_marker,
         lm_loss_weight=0.0 if cfg.heads == "gnn" else 1.0,
         edge_dim=text_dim if cfg.edge_texts else 0,  # edge texts share the node-text encoder
+        extra={"label_names": list(graph.label_names)},
     )
     model = apply_lora(
         GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer),
@@ -83,7 +102,12 @@ class NodeClassification(Experiment):
 
     def make_engine(self):
         """A graph given from Python is saved into the run folder and the config records it
-        (``dataset: file``, ``graph_path``), so every command works on the run."""
+        (``dataset: file``, ``graph_path``), so every command works on the run. Layer indices
+        out of the LLM's range stop here, before anything is written or loaded."""
+        count = (
+            self._llm[0].config.num_hidden_layers if self._llm else llm_layer_count(self.cfg.llm)
+        )
+        _check_layers(self.cfg, count)
         if self.graph is not None:
             path = (self.cfg.resolved_run_dir() / self.GRAPH).resolve()
             self.cfg = dataclasses.replace(self.cfg, dataset="file", graph_path=path)
@@ -150,14 +174,21 @@ class NodeClassification(Experiment):
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         """Validation accuracy of the head that is trained (the GNN head when both are), on the
-        first ``train.eval_batches`` evaluation batches when that is set."""
+        first ``train.eval_batches`` evaluation batches when that is set.
+
+        A SIGINT or SIGTERM received by the training loop stops the pass between two batches:
+        the process exits with ``128 + signal`` without recording this evaluation or a
+        checkpoint of this step, and ``--resume`` continues from the last checkpoint."""
         cfg, val = self.cfg, self.examples["val"]
         if cfg.train.eval_batches is not None:
             val = val[: cfg.train.eval_batches * cfg.eval_batch_size]
-        if cfg.heads == "lm":
-            acc = evaluate_heads(model, val, self.encode, self.label_choices, cfg.eval_batch_size)
-            return {"acc": acc["lm"]}
-        return {"acc": gnn_accuracy(model, val, self.encode, cfg.eval_batch_size)}
+        with stop_exits(self.engine.run_dir):
+            if cfg.heads == "lm":
+                acc = evaluate_heads(model, val, self.encode, self.label_choices,
+                                     cfg.eval_batch_size, stop=stop_signal)  # fmt: skip
+                return {"acc": acc["lm"]}
+            return {"acc": gnn_accuracy(model, val, self.encode, cfg.eval_batch_size,
+                                        stop=stop_signal)}  # fmt: skip
 
     def evaluate(self, model: GLFusionForCausalLM, progress: bool = False):
         """Val and test accuracy of both heads and the ensemble, and the ensemble's weight."""

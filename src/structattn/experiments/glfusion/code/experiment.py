@@ -19,8 +19,10 @@ from torch_geometric.data import Batch
 from structattn.data.base import default_data_dir
 from structattn.data.code import MAX_SUBTOKENS, CodeExample, CodeNames, load_code_names
 from structattn.engine import Experiment, FitResult
+from structattn.engine.loop import stop_requested
 from structattn.utils.fingerprint import fingerprint
 
+from ..evaluation import check_stop, stop_exits
 from .config import GNN_MODELS, CodeNamesConfig
 from .gnn import NameGNN, Vocabulary, graph_data
 from .metrics import name_scores
@@ -96,6 +98,7 @@ class MethodNaming(Experiment):
         try:
             step = self.cfg.eval_batch_size
             for i in range(0, len(graphs), step):
+                check_stop(self._stop)
                 batch = Batch.from_data_list(graphs[i : i + step]).to(self.engine.device)
                 out.extend(self.vocab.decode(row.tolist()) for row in model.predict_ids(batch))
         finally:
@@ -107,12 +110,24 @@ class MethodNaming(Experiment):
         refs = [ex.subtokens for ex in self.splits[split][: len(preds)]]
         return name_scores(refs, preds), preds
 
+    #: Read before every batch of a prediction pass (a stop of the training loop, during
+    #: validation): a pass asked to stop ends the process (:func:`stop_exits`).
+    _stop = None
+
     def validate(self, model: nn.Module) -> dict[str, float]:
+        """Validation scores (the first ``train.eval_batches`` batches when set); a SIGINT or
+        SIGTERM received by the training loop stops the pass between batches (``--resume``
+        continues from the last checkpoint)."""
         cfg = self.cfg
         limit = None
         if cfg.train.eval_batches is not None:
             limit = cfg.train.eval_batches * cfg.eval_batch_size
-        return self.scores(model, "val", limit)[0]
+        self._stop = stop_requested
+        try:
+            with stop_exits(self.engine.run_dir):
+                return self.scores(model, "val", limit)[0]
+        finally:
+            self._stop = None
 
     def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
         val, _ = self.scores(model, "val")
@@ -228,6 +243,7 @@ class LLMNaming(MethodNaming):
         out: list[list[str]] = []
         try:
             for b in self._batches(split, limit):
+                check_stop(self._stop)
                 with self.engine.accelerator.autocast():
                     out.extend(self._predict_batch(model, b, head))
         finally:
