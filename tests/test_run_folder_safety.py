@@ -179,3 +179,22 @@ def test_resume_alone_continues_a_run_from_its_own_config(data_dir, tmp_path, ca
     # a folder without a config is no run to resume: the usual refusal
     with pytest.raises(SystemExit, match="holds no checkpoint"):
         main(["train", "--run-dir", str(tmp_path / "empty"), "--resume"])
+
+
+def test_a_resumed_runs_wall_time_counts_every_segment(data_dir, tmp_path):
+    from structattn.engine.checkpoint import load_latest_valid
+    from structattn.experiments.lra.experiment import build_model
+
+    run = tmp_path / "run"
+    train(tiny(data_dir, run, train={"stop_at": 2}), progress=False)
+    cfg = tiny(data_dir, run, resume=True)
+    _, state = load_latest_valid(run / "checkpoints", build_model(cfg, _data(cfg)))
+    assert state["wall_s"] > 0  # the first segment's time, up to its checkpoint
+    final = train(cfg, progress=False)
+    assert final["wall_s"] > state["wall_s"]
+
+
+def _data(cfg):
+    from structattn.data import load_task
+
+    return load_task(cfg.data)

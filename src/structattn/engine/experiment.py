@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -148,7 +149,11 @@ class Experiment:
 
     def run(self) -> dict[str, Any]:
         """Train, then report on the best weights; returns the results (also in
-        ``final.json``), or ``{"paused_at": step, ...}`` when ``train.stop_at`` paused it."""
+        ``final.json``), or ``{"paused_at": step, ...}`` when ``train.stop_at`` paused it.
+        ``wall_s`` in the results (unless the report gives its own) is the run's wall time over
+        every segment of a resumed run: the earlier ones up to their last checkpoint, and
+        this one."""
+        started = time.perf_counter()
         self.engine = engine = self.make_engine()
         with engine.accelerator.main_process_first():  # data prepared once, then read by all
             self.build_data()
@@ -163,6 +168,7 @@ class Experiment:
             return {"name": self.cfg.name, "paused_at": fit.step, "run_dir": str(engine.run_dir)}
         fit = _with_best_record(fit, engine.load_best(fit.model), engine)
         final = json_safe(self.report(fit.model, fit))
+        final.setdefault("wall_s", fit.earlier_wall_s + time.perf_counter() - started)
         engine.write_json(engine.dir.FINAL, final)
         if engine.is_main:
             try:

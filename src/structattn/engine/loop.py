@@ -293,6 +293,7 @@ class Engine:
         training accuracy to the log."""
         sampler, log = self._setup(model, train_set, groups, accuracy)
         state = self._state
+        self._earlier_wall_s, self._segment_start = state.wall_s, time.perf_counter()
         bar = tqdm(total=self.train.max_steps, initial=state.step, desc=self.name, unit="step",
                    disable=not (self.progress and self.is_main), file=sys.stderr,
                    dynamic_ncols=True)  # fmt: skip
@@ -318,7 +319,7 @@ class Engine:
                 bar.close()
                 log.close()
         return FitResult(state.step, state.best, state.step_times, state.skipped, paused,
-                         self._raw, history)  # fmt: skip
+                         self._raw, history, self._earlier_wall_s)  # fmt: skip
 
     def _setup(self, model, train_set, groups, accuracy) -> tuple[StepBatchSampler, MetricsLog]:
         """Optimizer and schedule, the resumed state (only then are ``config.yaml`` and
@@ -488,6 +489,8 @@ class Engine:
         """Weights, optimizer, scheduler, RNG and the loop's state, atomically; all ranks meet
         before and after."""
         self.accelerator.wait_for_everyone()
+        state = self._state
+        state.wall_s = self._earlier_wall_s + time.perf_counter() - self._segment_start
         if self.is_main:
             extra = {
                 "optimizer": self._optimizer.state_dict(),

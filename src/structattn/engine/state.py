@@ -21,6 +21,8 @@ class TrainState:
     best: dict[str, Any] = field(default_factory=lambda: {"value": -math.inf, "step": 0})
     step_times: list[float] = field(default_factory=list)
     skipped: int = 0
+    #: Wall time (s) of the run up to its last checkpoint, over every segment of a resumed run.
+    wall_s: float = 0.0
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -28,6 +30,7 @@ class TrainState:
             "best": dict(self.best),
             "step_times": list(self.step_times),
             "skipped": self.skipped,
+            "wall_s": self.wall_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -35,6 +38,7 @@ class TrainState:
         self.best = dict(state["best"])
         self.step_times = list(state["step_times"])
         self.skipped = int(state.get("skipped", 0))
+        self.wall_s = float(state.get("wall_s", 0.0))  # 0 in checkpoints that predate it
 
     def improve(self, value: float) -> bool:
         """Record ``value`` as the best when it is; whether it was."""
@@ -69,6 +73,9 @@ class FitResult:
     paused: bool
     model: nn.Module  # the unwrapped model (weights of the last step)
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: Wall time (s) of the segments before this one (a resumed run), up to the checkpoint it
+    #: resumed from: an experiment's ``wall_s`` is this plus its own segment's.
+    earlier_wall_s: float = 0.0
 
     @property
     def median_step_ms(self) -> float | None:

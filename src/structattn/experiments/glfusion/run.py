@@ -4,7 +4,10 @@ encodings), training, evaluation of both heads and the ensemble, the baselines, 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
@@ -15,7 +18,7 @@ from structattn.engine.loop import stop_requested
 from structattn.errors import ConfigError
 from structattn.glfusion.build import check_layers
 from structattn.glfusion.configuration import GLFusionConfig
-from structattn.glfusion.loading import EncodingCache, llm_layer_count
+from structattn.glfusion.loading import EncodingCache, llm_layer_count, quiet_library_warnings
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
 from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids, mean_pool
 from structattn.utils.fingerprint import fingerprint
@@ -38,9 +41,9 @@ from .evaluation import (
 )
 from .groups import glfusion_param_groups
 from .report import PAPER_ARXIV, results_table
-from .targets import prompt_examples, split_targets
+from .targets import cut_notice, node_record, prompt_examples, split_sizes, split_targets
 
-__all__ = ["NodeClassification", "build_model", "stop_signal", "train_glfusion"]
+__all__ = ["NodeClassification", "build_model", "save_best", "stop_signal", "train_glfusion"]
 
 
 def stop_signal() -> int | None:
@@ -71,14 +74,44 @@ def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int)
         edge_dim=text_dim if cfg.edge_texts else 0,  # edge texts share the node-text encoder
         extra={"label_names": list(graph.label_names)},
     )
-    model = apply_lora(
-        GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer),
-        r=cfg.lora_r,
-        alpha=cfg.lora_alpha,
-    )
+    model = GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer)
+    with quiet_library_warnings():  # peft reads a property transformers has deprecated
+        model = apply_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
+
+
+def save_best(model: GLFusionForCausalLM, folder: Path) -> None:
+    """``model.save_pretrained(folder)`` whose ``adapter/`` holds the LoRA weights alone. peft
+    otherwise copies the base's whole input and output embedding matrices into the adapter
+    once the vocabulary was resized (the three graph tokens), though the base is frozen: those
+    three rows are saved with the GL-Fusion modules (``base_rows.*``) and every other row is the
+    base LLM's, which loading is given (SmolLM2-135M: 2 x 113 MB saved for nothing)."""
+    base = model.base
+    if not hasattr(base, "peft_config"):
+        model.save_pretrained(folder)
+        return
+    base.save_pretrained = functools.partial(base.save_pretrained, save_embedding_layers=False)
+    try:
+        model.save_pretrained(folder)
+    finally:
+        del base.save_pretrained  # the method of its class again
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def edge_text_notice(graph: TextAttributedGraph, cfg: GLFusionTrainConfig) -> str | None:
+    """One line when the graph carries edge texts that the run leaves unread."""
+    if cfg.edge_texts or not graph.edge_texts:
+        return None
+    return (
+        f"note: {graph.name} carries edge texts ({len(graph.edge_texts)} edges, e.g. "
+        f"{graph.edge_texts[0]!r}) and edge_texts is off, so every edge shares one learned "
+        "embedding: --edge-texts encodes them as message-passing edge features"
+    )
 
 
 class NodeClassification(Experiment):
@@ -88,6 +121,9 @@ class NodeClassification(Experiment):
     passed in (tests), else they are loaded offline."""
 
     only_trainable = True  # the frozen LLM is not copied into every checkpoint
+    #: Say on stderr, at the start, what the run leaves out of the graph (unread edge texts,
+    #: validation / test nodes beyond max_val / max_test).
+    notify = True
     #: Saved-pretrained folder of the best weights (LoRA adapters + GL-Fusion modules).
     BEST_MODEL = "best"
 
@@ -125,9 +161,13 @@ class NodeClassification(Experiment):
             raise ConfigError(
                 f"edge_texts: true, but the graph {self.graph.name} has no edge texts"
             )
+        self.targets = split_targets(self.graph, cfg)
+        if self.notify and (self.engine is None or self.engine.is_main):
+            for note in (edge_text_notice(self.graph, cfg), cut_notice(self.graph, self.targets)):
+                if note:
+                    _note(note)
         (base, tokenizer), (enc_model, enc_tok) = load_models(cfg, self._llm, self._encoder)
         self.model = build_model(cfg, self.graph, base, tokenizer, enc_model.config.hidden_size)
-        self.targets = split_targets(self.graph, cfg)
         self.examples: dict[str, list[NodeExample]] = {
             s: prompt_examples(self.graph, ts, tokenizer, self.model.config, cfg)
             for s, ts in self.targets.items()
@@ -223,10 +263,10 @@ class NodeClassification(Experiment):
         folder (``best/``) and the table as ``results.md``."""
         engine = self.engine
         if engine.is_main:
-            model.save_pretrained(engine.dir.file(self.BEST_MODEL))
+            save_best(model, engine.dir.file(self.BEST_MODEL))
         heads, weight = self.evaluate(model, self.progress)
         results = _results(self, heads, weight, self.baselines(self.progress), fit)
-        results["wall_s"] = time.perf_counter() - self.started
+        results["wall_s"] = fit.earlier_wall_s + time.perf_counter() - self.started
         results["processes"] = engine.accelerator.num_processes
         if self.graph.name.startswith("ogbn-arxiv"):  # the paper's figures compare this data
             results["paper_ogbn_arxiv"] = PAPER_ARXIV
@@ -242,7 +282,12 @@ def _results(task: NodeClassification, heads, weight, baselines, fit: FitResult)
         "data_source": graph.source,
         "stand_in": graph.stand_in,
         "llm": str(cfg.llm or DEFAULT_LLM),
+        "seed": cfg.seed,
         "targets": {k: len(v) for k, v in task.targets.items()},
+        "split_sizes": split_sizes(graph),  # the nodes of each split, scored or not
+        # the nodes scored, as indices and node ids (`baselines --against` checks them)
+        "val_nodes": node_record(graph, task.targets["val"]),
+        "test_nodes": node_record(graph, task.targets["test"]),
         "heads": heads,
         "ensemble_weight": weight,
         "ensemble_weight_chosen_on_val": cfg.ensemble_weight is None and cfg.heads == "both",
