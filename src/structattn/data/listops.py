@@ -46,6 +46,7 @@ END = "]"
 #: Model vocabulary; id 0 is padding.
 VOCAB = ("<pad>", *(str(i) for i in range(10)), *OPERATORS, END)
 _TOKEN_ID = {tok: i for i, tok in enumerate(VOCAB)}
+_DIGITS = frozenset(VOCAB[1:11])  # "0" .. "9" (str.isdigit() also accepts "²")
 _BRANCH_P = 0.25  # probability that a node below max_depth is an operator (LRA's VALUE_P)
 
 #: Length presets: the paper's T = 512 and LRA's 500-2000.
@@ -171,7 +172,7 @@ def evaluate_listops(source: str) -> int:
                 stack[-1].append(value)
             else:
                 result = value
-        elif tok.isdigit() and len(tok) == 1:
+        elif tok in _DIGITS:
             if stack:
                 stack[-1].append(int(tok))
             else:
@@ -234,7 +235,8 @@ def read_listops_tsv(path: str | Path) -> list[tuple[str, int]]:
                     f"{path}:{lineno}: expected 2 tab-separated columns, got {len(row)}"
                 )
             source, target = row
-            if not target.strip().isdigit() or not 0 <= int(target) <= 9:
+            digits = target.strip()  # ASCII only: str.isdigit() is also True for "²", "٣"
+            if not (digits.isascii() and digits.isdigit()) or not 0 <= int(digits) <= 9:
                 raise DataError(f"{path}:{lineno}: target must be a digit 0-9, got {target!r}")
             try:
                 encode_listops(source)
@@ -242,7 +244,7 @@ def read_listops_tsv(path: str | Path) -> list[tuple[str, int]]:
                 raise DataError(f"{path}:{lineno}: {err}") from None
             if not listops_tokens(source):
                 raise DataError(f"{path}:{lineno}: empty source")
-            out.append((source, int(target)))
+            out.append((source, int(digits)))
     if not out:
         raise DataError(f"{path}: no examples after the header")
     return out

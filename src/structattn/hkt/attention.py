@@ -109,6 +109,23 @@ class HKTConfig:
         return self.d_model // self.n_heads
 
 
+def check_input_dtype(x: Tensor, weight: Tensor, owner: str) -> None:
+    """Refuse an ``x`` that is not floating point or not in the parameters' dtype (that of
+    ``weight``); under autocast, which casts per operation, float32 parameters also take
+    bfloat16 / float16 input. ``owner`` names the module in the message."""
+    if not torch.is_floating_point(x):
+        raise ValueError(f"x must be a floating-point tensor, got {x.dtype}")
+    if x.dtype == weight.dtype:
+        return
+    kind = x.device.type
+    reduced = weight.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16)
+    if not (reduced and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)):
+        raise ValueError(
+            f"x is {x.dtype} but the {owner}'s parameters are {weight.dtype}: cast the input "
+            f"(x.to({weight.dtype})) or the {owner} ({owner}.to({x.dtype}))"
+        )
+
+
 class HKTAttention(nn.Module):
     """Hierarchical kernel attention layer with a hybrid attention/convolution head.
 
@@ -121,12 +138,16 @@ class HKTAttention(nn.Module):
             :func:`~structattn.hkt.decoding.use_compiled_step`.
 
     Forward:
-        x: ``(B, T, D)``.
+        x: ``(B, T, D)``, floating point, in the parameters' dtype (``layer.to(dtype)``; under
+            autocast float32 parameters also take bfloat16 / float16).
         key_padding_mask: ``(B, T)`` bool, True = real token, or None. Outputs at padded
             positions are 0; real positions never depend on padding (everything is causal
             along T except the attention itself, which masks padded keys).
 
     Returns ``(B, T, D)``.
+
+    ``torch.jit.trace`` and ``torch.compile`` run the layer; TorchScript scripting
+    (``torch.jit.script``) does not and is refused.
     """
 
     def __init__(self, config: HKTConfig, *, cpp_decode: bool = True):
@@ -155,6 +176,13 @@ class HKTAttention(nn.Module):
             else:
                 self.register_buffer("beta_fixed", torch.full((H,), config.beta_init))
         self.out_dropout = nn.Dropout(config.dropout)
+
+    def __prepare_scriptable__(self) -> HKTAttention:
+        # torch.jit.script calls this on every module it scripts, before compiling anything
+        raise NotImplementedError(
+            "HKTAttention does not support TorchScript scripting (torch.jit.script): "
+            "use torch.jit.trace or torch.compile"
+        )
 
     def level_weights(self) -> Tensor:
         """Convex level weights ``lambda = softmax(theta)``, shape ``(H, L)``."""
@@ -219,6 +247,7 @@ class HKTAttention(nn.Module):
             raise ValueError(
                 f"x must have shape (B, T, d_model={cfg.d_model}), got {tuple(x.shape)}"
             )
+        check_input_dtype(x, self.v_proj.weight, "layer")
         B, T, D = x.shape
         if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, T):
             raise ValueError(

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import EMPTY, HKTAttention, HKTConfig
+from .attention import EMPTY, HKTAttention, HKTConfig, check_input_dtype
 from .decoding.cache import (
     KVLayerCache,
     LMCache,
+    check_made_for,
     decode_attention,
     grow,
     one_length,
@@ -185,6 +187,11 @@ class MultiHeadAttention(nn.Module):
         runs the (right-padded) prompt and returns ``(y, cache)``, a :class:`KVLayerCache`
         takes ``x`` as the next tokens and returns ``(y, cache)``. ``right_padded``: as for
         :func:`~structattn.hkt.masked_sdpa`."""
+        if x.dim() != 3 or x.shape[-1] != self.qkv.in_features:
+            raise ValueError(
+                f"x must have shape (B, T, d_model={self.qkv.in_features}), got {tuple(x.shape)}"
+            )
+        check_input_dtype(x, self.qkv.weight, "layer")
         if cache is not None and not self.causal:
             raise ValueError("a bidirectional attention layer cannot decode (causal=False)")
         if isinstance(cache, KVLayerCache):
@@ -204,9 +211,11 @@ class MultiHeadAttention(nn.Module):
         if cache is None:
             return y
         lengths = prompt_lengths(key_padding_mask, B, T, x.device)
-        return y, KVLayerCache(keys=k.clone(), values=v.clone(), lengths=lengths)
+        made_for = (self.qkv.weight.dtype, self.qkv.weight.device)
+        return y, KVLayerCache(k.clone(), v.clone(), lengths, made_for=made_for)
 
     def _decode(self, x: Tensor, cache: KVLayerCache) -> Tensor:
+        check_made_for(cache.made_for, self.qkv.weight)
         B, T, D = x.shape
         if B != cache.lengths.shape[0]:
             raise ValueError(
@@ -312,14 +321,24 @@ class Encoder(nn.Module):
         it gives alone. With ``cache`` (an :class:`LMCache` from :meth:`new_cache`): an empty
         cache is filled from this pass (the prompt); a filled one takes ``tokens`` as the next
         tokens of every sequence (``mask`` then must be None or all True).
+
+        Token ids outside ``0 .. vocab_size - 1`` are refused (one min/max pass): always for
+        CPU tensors, on other devices within the one host read the pass makes anyway (the
+        mask's layout, a decoding step's positions), so without a mask nothing is read back
+        there.
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer token ids (int64), got {tokens.dtype}")
         B, T = tokens.shape
         if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, T)):
             raise ValueError(
                 f"mask must be bool (B, T) = {(B, T)}, got {mask.dtype} {tuple(mask.shape)}"
             )
+        ids_checked = _read_ids_at_once(tokens)  # else with the host read made below
+        if ids_checked and bool(_ids_outside(tokens, self.config.vocab_size)):
+            _refuse_ids(tokens, self.config.vocab_size)
         if cache is not None:
             if not isinstance(cache, LMCache):
                 raise ValueError(f"cache must be an LMCache, got {type(cache).__name__}")
@@ -329,13 +348,23 @@ class Encoder(nn.Module):
                     f"({cache.signature} != {self.signature()})"
                 )
             if not cache.is_empty:
-                return self._decode(tokens, mask, cache)
+                return self._decode(tokens, mask, cache, ids_checked)
         if T > self.config.max_len:
             raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
         shift = None
         # The mask's layout is read once here (one host read per forward pass, none inside the
-        # layers) and handed to every layer.
-        right = None if mask is None else is_right_padded(mask)
+        # layers) and handed to every layer; off the CPU the same read brings the ids' check.
+        if mask is None:
+            right = None
+        elif ids_checked:
+            right = is_right_padded(mask)
+        else:  # is_right_padded's test and the ids' flag, read back together
+            holes = (mask[:, 1:] & ~mask[:, :-1]).any()
+            outside = _ids_outside(tokens, self.config.vocab_size)
+            holes, bad = torch.stack([holes, outside]).tolist()
+            if bad:
+                _refuse_ids(tokens, self.config.vocab_size)
+            right = not holes
         if mask is not None and not right:
             shift = (~mask).long().cumprod(1).sum(1)  # (B,) leading padding per row
             rolled = _roll_rows(mask, shift)
@@ -355,7 +384,9 @@ class Encoder(nn.Module):
         x = self.norm(x)
         return x if shift is None else _roll_rows(x, -shift)
 
-    def _decode(self, tokens: Tensor, mask: Tensor | None, cache: LMCache) -> Tensor:
+    def _decode(
+        self, tokens: Tensor, mask: Tensor | None, cache: LMCache, ids_checked: bool
+    ) -> Tensor:
         B, T = tokens.shape
         if B != cache.lengths.shape[0]:
             raise ValueError(
@@ -366,11 +397,17 @@ class Encoder(nn.Module):
         if B == 0:  # an empty batch: nothing to cache, an empty output
             return self.norm(self.tok(tokens))
         pos = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # (B, T)
-        if T and int(pos.max()) >= self.config.max_len:
-            raise ValueError(
-                f"cannot decode past max_len={self.config.max_len} "
-                f"(position {int(pos.max())} requested)"
-            )
+        if T:  # one host read: the last position (and the ids' flag, when not yet checked)
+            flags = [pos.max()]
+            if not ids_checked:
+                flags.append(_ids_outside(tokens, self.config.vocab_size).long())
+            last, *bad = torch.stack(flags).tolist()
+            if any(bad):
+                _refuse_ids(tokens, self.config.vocab_size)
+            if last >= self.config.max_len:
+                raise ValueError(
+                    f"cannot decode past max_len={self.config.max_len} (position {last} requested)"
+                )
         x = self.drop(self.tok(tokens) + self.pos(pos))
         for i, block in enumerate(self.blocks):
             x, cache.layers[i] = block(x, None, cache=cache.layers[i])
@@ -378,6 +415,30 @@ class Encoder(nn.Module):
 
     def hkt_layers(self) -> list[HKTAttention]:
         return [b.attn for b in self.blocks if isinstance(b.attn, HKTAttention)]
+
+
+def _read_ids_at_once(tokens: Tensor) -> bool:
+    """Whether the ids' range check reads its flag back on its own: for CPU tensors (no
+    device synchronisation); elsewhere the flag rides on a read the pass makes anyway."""
+    return tokens.device.type == "cpu"
+
+
+def _ids_outside(tokens: Tensor, vocab_size: int) -> Tensor:
+    """``()`` bool: some id of ``tokens`` lies outside ``0 .. vocab_size - 1`` (one min/max
+    pass; nothing is read back)."""
+    if tokens.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=tokens.device)
+    lo, hi = torch.aminmax(tokens)
+    return (lo < 0) | (hi >= vocab_size)
+
+
+def _refuse_ids(tokens: Tensor, vocab_size: int) -> NoReturn:
+    """Raise the ValueError naming the range and the first id of ``tokens`` outside it."""
+    b, t = ((tokens < 0) | (tokens >= vocab_size)).nonzero()[0].tolist()
+    raise ValueError(
+        f"token ids must be in 0 .. {vocab_size - 1} (vocab_size={vocab_size}), "
+        f"got {int(tokens[b, t])} at tokens[{b}, {t}]"
+    )
 
 
 def _roll_rows(x: Tensor, shift: Tensor) -> Tensor:

@@ -37,6 +37,7 @@ __all__ = [
     "HKTLayerCache",
     "KVLayerCache",
     "LMCache",
+    "check_made_for",
     "decode_attention",
     "grow",
     "one_length",
@@ -99,6 +100,18 @@ def prompt_lengths(mask: Tensor | None, B: int, T: int, device) -> Tensor:
     return lengths
 
 
+def check_made_for(made_for: tuple[torch.dtype, torch.device] | None, weight: Tensor) -> None:
+    """Refuse a layer cache made when the layer's parameters (``weight``) had another dtype
+    or device (``made_for``: theirs at the prefill; None: not recorded)."""
+    if made_for is not None and made_for != (weight.dtype, weight.device):
+        dtype, device = made_for
+        raise ValueError(
+            f"this decoding cache was made for {dtype} on {device}, but the model is now "
+            f"{weight.dtype} on {weight.device}: start a new cache (model.new_cache()) and run "
+            "the prompt again"
+        )
+
+
 @dataclass
 class KVLayerCache:
     """Keys and values of one multi-head-attention layer, ``(B, H, capacity, d)``, rows
@@ -107,6 +120,8 @@ class KVLayerCache:
     keys: Tensor
     values: Tensor
     lengths: Tensor  # (B,) long
+    # the layer's parameter dtype and device at the prefill (a cache is for those only)
+    made_for: tuple[torch.dtype, torch.device] | None = None
 
     def select(self, index: Tensor) -> None:
         self.keys = self.keys.index_select(0, index)
@@ -148,6 +163,8 @@ class HKTLayerCache:
     scores: list[Tensor | None]
     # the layer's concatenated decoding weights, made from its parameters at the first step
     params: DecodeWeights | None = None
+    # the layer's parameter dtype and device at the prefill (a cache is for those only)
+    made_for: tuple[torch.dtype, torch.device] | None = None
 
     def select(self, index: Tensor) -> None:
         pick = lambda t: t.index_select(0, index)  # noqa: E731

@@ -23,7 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels.extension import cpu_kernel_for
-from .cache import DecodeWeights, HKTLayerCache, decode_attention, grow, one_length, prompt_lengths
+from .cache import (
+    DecodeWeights,
+    HKTLayerCache,
+    check_made_for,
+    decode_attention,
+    grow,
+    one_length,
+    prompt_lengths,
+)
 
 #: What the functions below take as ``layer``: an :class:`~structattn.hkt.HKTAttention` (not
 #: imported: the layer imports this module).
@@ -102,11 +110,13 @@ def prefill(
         conv_window=conv_window,
         lengths=lengths.clone(),
         scores=[None] * cfg.n_levels,
+        made_for=(layer.v_proj.weight.dtype, layer.v_proj.weight.device),
     )
 
 
 def decode(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> Tensor:
     """The next ``T`` tokens of every sequence, one at a time: ``x (B, T, D)``."""
+    check_made_for(cache.made_for, layer.v_proj.weight)
     if x.shape[0] != cache.lengths.shape[0]:
         raise ValueError(
             f"the cache holds {cache.lengths.shape[0]} sequences, got a batch of {x.shape[0]}"
