@@ -99,6 +99,9 @@ def test_table_trains_every_row_and_pairs_by_seed(setup):
     again = code_names_table(seeds=(0, 1), rows=rows, train_missing=False, **kw)
     assert again["summary"] == res["summary"]
     assert {p: p.stat().st_mtime_ns for p in root.rglob("final.json")} == before
+    # asking for one row tables every finished row of the folder: none is dropped
+    one = code_names_table(seeds=(0,), rows=rows[:1], train_missing=False, **kw)
+    assert one["summary"] == res["summary"] and one["seeds"] == [0, 1]
 
 
 def test_lr_sweep_keeps_the_best_validation_rate(setup):

@@ -588,3 +588,14 @@ def test_a_graph_without_edges_is_named(tmp_path):
 def test_a_moved_graph_folder_says_how_to_point_at_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="--graph PATH"):
         TextAttributedGraph.load(tmp_path / "gone")
+
+
+@pytest.mark.parametrize(
+    "damage", [b"\xff" * 5, b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage!!!!!!!}"]
+)
+def test_a_damaged_graph_safetensors_header_is_one_line(tmp_path, damage):
+    _saved(tmp_path)
+    (tmp_path / "g" / "graph.safetensors").write_bytes(damage)
+    with pytest.raises(DataError) as err:
+        TextAttributedGraph.load(tmp_path / "g")
+    assert "not a readable graph (SafetensorError" in _one_line(err)

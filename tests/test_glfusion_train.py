@@ -359,6 +359,11 @@ def test_glfusion_ablations_one_table(tmp_path):
     assert saved["message_passing_layers"] == []
     again = ablate_glfusion("recipe", (0, 1), tmp_path / "abl", variants, False, models, **tiny)
     assert len(calls) == 8 and again["table"] == out["table"]  # finished runs are kept
+    # a later call asking for fewer variants adds nothing and drops nothing: the table is the
+    # union of the finished runs in its folder
+    fewer = ablate_glfusion("recipe", (0,), tmp_path / "abl", ("lm-head-only",), False, models,
+                            **tiny)  # fmt: skip
+    assert len(calls) == 8 and fewer["table"] == out["table"] and fewer["seeds"] == [0, 1]
     # every ablation against the full model, paired by seed, with its own row
     diffs = out["ablation_minus_full"]
     assert set(diffs) == set(variants)

@@ -385,6 +385,7 @@ class TextAttributedGraph:
         """A graph written by :meth:`save`; a damaged or incomplete folder is named."""
         import json
 
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -409,7 +410,7 @@ class TextAttributedGraph:
                 edge_texts=meta.get("edge_texts"),
                 node_ids=meta.get("node_ids") or [],
             )
-        except (KeyError, ValueError, OSError, TypeError, AttributeError) as err:
+        except (KeyError, ValueError, OSError, TypeError, AttributeError, SafetensorError) as err:
             raise DataError(f"{path}: not a readable graph ({type(err).__name__}: {err})") from None
         missing = [key for key in ("train", "val", "test") if key not in fields["splits"]]
         if missing:
