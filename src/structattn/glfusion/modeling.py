@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from .configuration import GRAPH_TOKENS, GLFusionConfig
 from .cross_attention import GraphTextCrossAttention
 from .graph import GraphBatch
+from .loading import quiet_library_warnings
 from .masking import build_structure_mask, node_position_ids, to_additive_mask
 from .message_passing import NodeMessagePassing
 
@@ -633,7 +634,10 @@ class GLFusionForCausalLM(nn.Module):
         self.config.save(path / "glfusion_config.json")
         save_file(self.glfusion_state_dict(), str(path / "glfusion_modules.safetensors"))
         if hasattr(self.base, "peft_config"):
-            self.base.save_pretrained(str(path / "adapter"))
+            # LoRA weights alone: peft would otherwise copy the frozen base's whole (resized)
+            # embedding and output matrices; their graph-token rows are saved above and every
+            # other row is the base LLM's, which loading is given
+            self.base.save_pretrained(str(path / "adapter"), save_embedding_layers=False)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, base_lm: nn.Module) -> GLFusionForCausalLM:
@@ -650,7 +654,10 @@ class GLFusionForCausalLM(nn.Module):
                 )
 
             _fit_vocabulary(base_lm, config)  # the adapter was saved on the resized base
-            base_lm = PeftModel.from_pretrained(base_lm, str(path / "adapter"), is_trainable=True)
+            with quiet_library_warnings():
+                base_lm = PeftModel.from_pretrained(
+                    base_lm, str(path / "adapter"), is_trainable=True
+                )
         model = cls.from_base(base_lm, config)
         state = load_file(str(path / "glfusion_modules.safetensors"))
         rows = {k: state.pop(k) for k in list(state) if k.startswith("base_rows.")}
@@ -689,7 +696,8 @@ def apply_lora(
         target_modules=list(target_modules),
         task_type="CAUSAL_LM",
     )
-    model.base = get_peft_model(model.base, lora)
+    with quiet_library_warnings():
+        model.base = get_peft_model(model.base, lora)
     for name, p in model.named_parameters():
         if name.startswith("glf_"):
             p.requires_grad_(True)

@@ -10,10 +10,18 @@ from typing import Annotated, ClassVar, Literal, Union
 
 import tyro
 
-from structattn.engine.config import load_preset, preset_names
-from structattn.errors import ConfigError
+from structattn.engine.config import build_dataclass, load_preset, preset_names
+from structattn.engine.rundir import RunDir
+from structattn.errors import ConfigError, RunError
+from structattn.glfusion.loading import quiet_library_warnings
 
-from ..commands import PresetCommand, check_sampling, parse_command, saved_run_config
+from ..commands import (
+    SAVED_PRESET,
+    PresetCommand,
+    check_sampling,
+    parse_command,
+    saved_run_config,
+)
 from .ablate import GLFUSION_ABLATIONS
 from .code.config import CodeNamesConfig, load_code_config
 from .code.table import ROWS as CODE_ROWS
@@ -40,7 +48,8 @@ USAGE = (
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
     "| structattn glfusion ablate --dataset code-names [--preset cpu-llm] [--rows ...] "
     "| structattn glfusion generate --dataset code-names RUN_DIR --file F.py --function NAME "
-    "| structattn glfusion baselines [--preset recipe] [--against ablations.json]"
+    "| structattn glfusion baselines [train's flags | --run-dir RUN] [--seeds 0 1 2] "
+    "[--against RUN | ablations.json]"
 )
 
 
@@ -129,8 +138,9 @@ class Predict:
     def run(self) -> None:
         from .predict import predict_nodes
 
-        rows = predict_nodes(self.run_dir, list(self.nodes), graph=_graph(self.graph),
-                             top_k=self.top_k, data_dir=self.data_dir)  # fmt: skip
+        with quiet_library_warnings():  # peft's, while it loads the run's adapter
+            rows = predict_nodes(self.run_dir, list(self.nodes), graph=_graph(self.graph),
+                                 top_k=self.top_k, data_dir=self.data_dir)  # fmt: skip
         for row in rows:
             print(json.dumps(row))
 
@@ -229,10 +239,12 @@ class Generate:
         from .generate import generate_about_node
 
         check_sampling(self.max_new_tokens, self.temperature, self.top_k)
-        text = generate_about_node(self.run_dir, self.node, self.prompt, _graph(self.graph),
-                                   max_new_tokens=self.max_new_tokens, do_sample=not self.greedy,
-                                   temperature=self.temperature, top_k=self.top_k,
-                                   seed=self.seed, data_dir=self.data_dir)  # fmt: skip
+        with quiet_library_warnings():  # peft's, while it loads the run's adapter
+            text = generate_about_node(self.run_dir, self.node, self.prompt, _graph(self.graph),
+                                       max_new_tokens=self.max_new_tokens,
+                                       do_sample=not self.greedy, temperature=self.temperature,
+                                       top_k=self.top_k, seed=self.seed,
+                                       data_dir=self.data_dir)  # fmt: skip
         print(text)
 
 
@@ -270,27 +282,87 @@ def _graph(path: Path | None):
         raise ConfigError(f"--graph {path}: {err}") from None
 
 
-@dataclass
-class Baselines:
-    """Every baseline of a preset over seeds, on the targets, prompts and encodings the runs of
-    those seeds use, without training GL-Fusion; with --against, the full model's ensemble of a
-    finished ablation minus each label-aware baseline, paired by seed."""
+def _run_config(args: list[str]) -> tuple[Path, dict] | None:
+    """``(path, values)`` of the ``config.yaml`` of the run that ``--run-dir X`` names when
+    neither ``--config`` nor ``--preset`` is given (else None). Its ``data_dir`` is left out:
+    the graph is read and the encodings cached in your own data folder (``--data-dir``, default
+    ``$STRUCTATTN_DATA_DIR`` or ``~/.cache/structattn``), never where a run's config points; a
+    run folder that moved reads its own copy of the graph (``graph/``)."""
+    import argparse
 
-    preset: str = "recipe"  # the preset: quick | recipe | paper
-    config: str = "glfusion"  # experiment file: a shipped name or a YAML path
-    seeds: tuple[int, ...] = (0, 1, 2)  # seeds (each draws its own targets)
-    against: Path | None = None  # an ablations.json written by `structattn glfusion ablate`
-    out_dir: Path = Path("results/glfusion")  # the table goes to <out_dir>/<preset>/
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--run-dir", "--config", "--preset"):
+        pre.add_argument(flag)
+    known, _ = pre.parse_known_args(args)
+    if not known.run_dir or known.config or known.preset:
+        return None
+    run = RunDir(known.run_dir)
+    if not run.config.is_file():
+        raise ConfigError(
+            f"--run-dir {known.run_dir} holds no config.yaml (not a GL-Fusion run folder): give "
+            "a run folder, or train's data and target flags"
+        )
+    try:
+        values = run.read_config()
+    except RunError as err:
+        raise ConfigError(str(err)) from None
+    values.update(resume=False, overwrite=False, data_dir=None)
+    saved = run.file("graph")  # where a run keeps a graph given from Python
+    graph = values.get("graph_path")
+    if values.get("dataset") == "file" and saved.is_dir() and not Path(str(graph)).is_dir():
+        values["graph_path"] = str(saved)
+    return run.config, values
+
+
+@dataclass
+class Baselines(PresetCommand):
+    """Every baseline on the targets, prompts and encodings that a GL-Fusion run of the same
+    config uses, without training GL-Fusion: --config, --preset and train's flags choose the
+    config as they do for train, or --run-dir RUN alone reads that run's config.yaml. The table
+    says which nodes each seed scored; --against a finished run (or an ablations.json) adds its
+    ensemble minus each label-aware baseline, paired by seed, and is refused when that run
+    scored other nodes."""
+
+    config: Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")] = (
+        "glfusion"
+    )
+    preset: Annotated[
+        str, tyro.conf.arg(help=f"a preset of --config (shipped glfusion: {_presets()})")
+    ] = "quick"
+    experiment: Annotated[GLFusionTrainConfig, tyro.conf.arg(name="")] = field(
+        default_factory=lambda: load_glfusion("glfusion", "quick")
+    )
+    seeds: tuple[int, ...] | None = None  # seeds, each drawing its own targets (default: --seed)
+    against: Path | None = None  # a finished run folder (or its final.json), or an ablations.json
+    out_dir: Path = Path("results/glfusion")  # the table goes to <out_dir>/<preset or run name>/
+
+    default_config: ClassVar[str] = "glfusion"
+    config_class: ClassVar[type] = GLFusionTrainConfig
+
+    @classmethod
+    def defaults(cls, args: list[str]):
+        """The command whose defaults are the run's own config (``--run-dir RUN`` without
+        ``--config`` or ``--preset``), else the preset ``args`` choose, as for train."""
+        saved = _run_config(args)
+        if saved is not None:
+            path, values = saved
+            return cls(str(path), SAVED_PRESET, build_dataclass(cls.config_class, values))
+        return super().defaults(args)
 
     def run(self) -> None:
         from structattn.engine import json_safe
 
         from .label_baselines import baselines_over_seeds, baselines_table
 
-        load_preset(self.config, self.preset)  # a bad preset stops before anything loads
-        out = baselines_over_seeds(self.preset, self.seeds, self.config, self.against)
+        self.announce()
+        cfg = self.experiment
+        saved = self.preset == SAVED_PRESET
+        described = f"`{self.config}`" if saved else f"preset `{self.preset}` of {self.config}"
+        seeds = self.seeds if self.seeds is not None else (cfg.seed,)
+        out = baselines_over_seeds(self.preset, seeds, self.config, self.against, base=cfg,
+                                   described=described)  # fmt: skip
         table = baselines_table(out)
-        root = self.out_dir / self.preset
+        root = self.out_dir / (Path(cfg.resolved_run_dir()).name if saved else self.preset)
         root.mkdir(parents=True, exist_ok=True)
         (root / "baselines.md").write_text(table + "\n")
         (root / "baselines.json").write_text(json.dumps(json_safe(out), indent=2) + "\n")
@@ -311,12 +383,14 @@ def main(argv: list[str]) -> None:
         code = saved is not None and saved[1].get("dataset") == "code-names"
     trainer = CodeTrain if code else Train
     train = trainer.defaults(argv[1:]) if argv[0] == "train" else trainer()
+    # baselines: the config as train would build it from the same flags
+    baselines = {"default": Baselines.defaults(argv[1:])} if argv[0] == "baselines" else {}
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
         Annotated[trainer, tyro.conf.subcommand("train", default=train)],
         Annotated[Predict, tyro.conf.subcommand("predict")],
         Annotated[CodeGenerate if code else Generate, tyro.conf.subcommand("generate")],
         Annotated[CodeAblate if code else Ablate, tyro.conf.subcommand("ablate")],
-        Annotated[Baselines, tyro.conf.subcommand("baselines")],
+        Annotated[Baselines, tyro.conf.subcommand("baselines", **baselines)],
     ]
     command = parse_command(choices, argv, prog="structattn glfusion",
                             description="GL-Fusion on a text-attributed graph.")  # fmt: skip

@@ -26,6 +26,14 @@ def _data(r: dict[str, Any]) -> str:
     return r["data_source"] + (" **(stand-in)**" if r["stand_in"] else "")
 
 
+def _of_splits(r: dict[str, Any]) -> str:
+    """`` of the splits' {...} nodes`` when a split was sampled, not scored whole."""
+    sizes = r.get("split_sizes")
+    if not sizes or all(r["targets"].get(k) == n for k, n in sizes.items()):
+        return ""
+    return f" of the splits' {sizes} nodes"
+
+
 def results_table(r: dict[str, Any]) -> str:
     """One run: val / test accuracy of each head and baseline; on ogbn-arxiv the paper's
     figures in a column beside (on any other graph they would compare different data)."""
@@ -38,7 +46,7 @@ def results_table(r: dict[str, Any]) -> str:
     header = "| model | val | test |" + (" paper (ogbn-arxiv) |" if paper else "")
     lines = [
         f"GL-Fusion node classification on {_data(r)}; LLM {r['llm']}; targets "
-        f"{r['targets']}. Accuracy (%)"
+        f"{r['targets']}{_of_splits(r)}. Accuracy (%)"
         + ("; the paper's column is ogbn-arxiv with Llama-3-8B." if paper else "."),
         "",
         header,

@@ -4,10 +4,8 @@ encodings), training, evaluation of both heads and the ensemble, the baselines, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
@@ -43,7 +41,7 @@ from .groups import glfusion_param_groups
 from .report import PAPER_ARXIV, results_table
 from .targets import cut_notice, node_record, prompt_examples, split_sizes, split_targets
 
-__all__ = ["NodeClassification", "build_model", "save_best", "stop_signal", "train_glfusion"]
+__all__ = ["NodeClassification", "build_model", "stop_signal", "train_glfusion"]
 
 
 def stop_signal() -> int | None:
@@ -80,23 +78,6 @@ def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
-
-
-def save_best(model: GLFusionForCausalLM, folder: Path) -> None:
-    """``model.save_pretrained(folder)`` whose ``adapter/`` holds the LoRA weights alone. peft
-    otherwise copies the base's whole input and output embedding matrices into the adapter
-    once the vocabulary was resized (the three graph tokens), though the base is frozen: those
-    three rows are saved with the GL-Fusion modules (``base_rows.*``) and every other row is the
-    base LLM's, which loading is given (SmolLM2-135M: 2 x 113 MB saved for nothing)."""
-    base = model.base
-    if not hasattr(base, "peft_config"):
-        model.save_pretrained(folder)
-        return
-    base.save_pretrained = functools.partial(base.save_pretrained, save_embedding_layers=False)
-    try:
-        model.save_pretrained(folder)
-    finally:
-        del base.save_pretrained  # the method of its class again
 
 
 def _note(text: str) -> None:
@@ -263,7 +244,7 @@ class NodeClassification(Experiment):
         folder (``best/``) and the table as ``results.md``."""
         engine = self.engine
         if engine.is_main:
-            save_best(model, engine.dir.file(self.BEST_MODEL))
+            model.save_pretrained(engine.dir.file(self.BEST_MODEL))
         heads, weight = self.evaluate(model, self.progress)
         results = _results(self, heads, weight, self.baselines(self.progress), fit)
         results["wall_s"] = fit.earlier_wall_s + time.perf_counter() - self.started

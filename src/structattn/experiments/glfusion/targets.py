@@ -11,7 +11,15 @@ from structattn.glfusion.prompts import NodeExample, build_example
 
 from .config import GLFusionTrainConfig
 
-__all__ = ["SPLITS", "prompt_examples", "sample_targets", "split_targets"]
+__all__ = [
+    "SPLITS",
+    "cut_notice",
+    "node_record",
+    "prompt_examples",
+    "sample_targets",
+    "split_sizes",
+    "split_targets",
+]
 
 #: The splits, each with the offset its sample's seed gets.
 SPLITS = {"train": 0, "val": 1, "test": 2}
@@ -32,6 +40,35 @@ def split_targets(graph: TextAttributedGraph, cfg: GLFusionTrainConfig) -> dict[
         if not ts:
             raise ConfigError(f"{graph.name}: the {split} split has no targets")
     return targets
+
+
+def split_sizes(graph: TextAttributedGraph) -> dict[str, int]:
+    """The number of nodes in each split of ``graph``."""
+    return {s: len(graph.splits[s]) for s in SPLITS}
+
+
+def node_record(graph: TextAttributedGraph, nodes: list[int]) -> dict[str, list]:
+    """``nodes`` as ``{"indices": [...], "ids": [...]}``: their indices and node ids (the index
+    as text for a graph without ids), in the order they were sampled."""
+    ids = graph.node_ids
+    return {"indices": [int(v) for v in nodes],
+            "ids": [ids[int(v)] if ids else str(int(v)) for v in nodes]}  # fmt: skip
+
+
+def cut_notice(graph: TextAttributedGraph, targets: dict[str, list[int]]) -> str | None:
+    """One line when ``max_val`` / ``max_test`` score a sample of their split rather than all of
+    it (``None`` when every validation and test node is scored)."""
+    sizes = split_sizes(graph)
+    cut = [s for s in ("val", "test") if len(targets[s]) < sizes[s]]
+    if not cut:
+        return None
+    parts = [f"{len(targets[s])} of the {sizes[s]} {s} nodes (max_{s}={len(targets[s])})"
+             for s in cut]  # fmt: skip
+    flags = " ".join(f"--max-{s} {sizes[s]}" for s in cut)
+    return (
+        f"note: {graph.name}: scoring a seeded sample of {' and '.join(parts)}; pass {flags} "
+        "to score them all"
+    )
 
 
 def prompt_examples(
