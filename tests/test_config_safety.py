@@ -82,3 +82,15 @@ def test_a_set_value_with_a_key_given_twice_is_refused():
     with pytest.raises(SystemExit, match="--set data.x: key 'a' is given twice"):
         parse_settings(["data.x={a: 1, a: 2}"])
     assert parse_settings(["data.x={a: 1, b: 2}"]) == {"data": {"x": {"a": 1, "b": 2}}}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("? [a, b]\n: 1\n", "a key must be a plain value"),
+     ("b: &b {x: 1}\nc: &c {y: 2}\nq:\n  <<: *b\n  <<: *c\n", "merge key '<<' is given twice")],
+)  # fmt: skip
+def test_yaml_keys_a_mapping_cannot_hold_are_one_line(text, message):
+    from structattn.engine.config import parse_yaml
+
+    with pytest.raises(ConfigError, match=message):
+        parse_yaml(text)

@@ -576,6 +576,15 @@ def test_node_ids_name_nodes_and_survive_save_and_load(tmp_path):
         again.node_index("pkg:99")
     with pytest.raises(ValueError, match="give 0..11"):
         again.node_index(12)
+    numeric = TextAttributedGraph.from_pyg(
+        _pyg(), TEXTS, NAMES, node_ids=[str(100 + i) for i in range(11)] + ["3"]
+    )
+    assert numeric.node_index("105") == 5 and numeric.node_index("id:3") == 11
+    assert numeric.node_index(3) == 3
+    with pytest.raises(
+        ValueError, match="'3' is ambiguous: the id of node 11 and the index of node 3"
+    ):
+        numeric.node_index("3")
 
 
 def test_a_graph_without_edges_is_named(tmp_path):

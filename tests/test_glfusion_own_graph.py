@@ -117,7 +117,8 @@ def test_baselines_score_the_runs_own_nodes_and_refuse_a_run_of_other_nodes(jour
     # --run-dir RUN alone: the run's own config, the same nodes
     table, _ = _cli(["baselines", "--run-dir", str(run), "--against", str(run),
                      "--out-dir", str(out_dir)])  # fmt: skip
-    again = json.loads((out_dir / "mine" / "baselines.json").read_text())["per_seed"]["0"]
+    (folder,) = [p for p in out_dir.iterdir() if p.name.startswith(f"{run.parent.name}-mine-")]
+    again = json.loads((folder / "baselines.json").read_text())["per_seed"]["0"]
     assert again["test_nodes"] == final["test_nodes"] and again["baselines"] == scored["baselines"]
     # other flags (quick's max_test 120: all 12 test nodes) are refused, in one line
     other = list(journey["data"])

@@ -161,7 +161,7 @@ def test_reproduce_tables_every_finished_run_of_its_folder(data_dir, tmp_path):
     assert third["tasks"]["listops"]["hkt"]["seeds"] == [2]
     assert len(third["left_out"]) == 3 and "model.d_model" in third["left_out"][0]
     assert (
-        "Not in the table (finished, another configuration)"
+        "Not in the table (finished, not reusable here)"
         in (tmp_path / "out" / "quick" / "results.md").read_text()
     )
 
@@ -182,19 +182,69 @@ def test_resume_alone_continues_a_run_from_its_own_config(data_dir, tmp_path, ca
 
 
 def test_a_resumed_runs_wall_time_counts_every_segment(data_dir, tmp_path):
+    import time
+
     from structattn.engine.checkpoint import load_latest_valid
-    from structattn.experiments.lra.experiment import build_model
+    from structattn.experiments.lra.experiment import SequenceClassification, build_model
 
     run = tmp_path / "run"
-    train(tiny(data_dir, run, train={"stop_at": 2}), progress=False)
+    slow = SequenceClassification.validate
+
+    def validate(self, model):  # the first segment takes a second longer than its steps
+        time.sleep(1.0)
+        return slow(self, model)
+
+    SequenceClassification.validate = validate
+    try:
+        train(tiny(data_dir, run, train={"stop_at": 2}), progress=False)
+    finally:
+        SequenceClassification.validate = slow
     cfg = tiny(data_dir, run, resume=True)
     _, state = load_latest_valid(run / "checkpoints", build_model(cfg, _data(cfg)))
-    assert state["wall_s"] > 0  # the first segment's time, up to its checkpoint
+    assert state["wall_s"] > 1.0  # the first segment's time, up to its checkpoint
+    started = time.perf_counter()
     final = train(cfg, progress=False)
-    assert final["wall_s"] > state["wall_s"]
+    second = time.perf_counter() - started
+    assert second + 0.5 < final["wall_s"] <= second + state["wall_s"] + 0.01
 
 
 def _data(cfg):
     from structattn.data import load_task
 
     return load_task(cfg.data)
+
+
+def test_resume_alone_continues_a_run_started_with_overwrite(data_dir, tmp_path, capsys):
+    from structattn.cli import main
+
+    run = tmp_path / "run"
+    train(tiny(data_dir, run, overwrite=True, train={"stop_at": 2}), progress=False)
+    main(["train", "--run-dir", str(run), "--resume"])
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
+
+
+def test_overwrite_clears_a_finished_run_of_an_earlier_flat_config(data_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("lr: 0.001\nmax_steps: 4\n")  # an earlier flat config
+    (run / "results.json").write_text("{}")
+    with pytest.raises(RunError, match="already holds results"):
+        train(tiny(data_dir, run), progress=False)
+    assert train(tiny(data_dir, run, overwrite=True), progress=False)["steps"] == 4
+
+
+def test_a_sweep_table_skips_odd_folders_and_names_runs_it_cannot_read(tmp_path):
+    from structattn.experiments.sweep import SweepRun, finished_folders, read_finished
+
+    for name in ("seed0", "seed007", "seed\u00b2", "seedx"):
+        (tmp_path / "a" / name).mkdir(parents=True)
+        (tmp_path / "a" / name / "final.json").write_text("{}")
+    assert finished_folders(tmp_path) == [("a", 0)]
+
+    def missing_data():
+        raise FileNotFoundError("data.noun not found")
+
+    run = SweepRun(("a", 0), tmp_path / "a" / "seed0", "a", lambda resume: {}, missing_data)
+    (tmp_path / "a" / "seed0" / "config.yaml").write_text("seed: 0\n")
+    finals, left_out = read_finished([run])
+    assert finals == {} and "data.noun not found" in left_out[0]

@@ -286,6 +286,7 @@ class Ablate:
             import torch
 
             torch.set_num_threads(self.threads)
+        self._check_earlier_folder(ABLATIONS)
         overrides = {"optim": {"lr": self.lr}} if self.lr else None
         results = reproduce(
             self.preset,
@@ -298,6 +299,25 @@ class Ablate:
             variants=ABLATIONS,
         )
         print(results_table(results))
+
+    #: Where ablations went by default before they had a folder of their own.
+    EARLIER_OUT_DIR: ClassVar[Path] = Path("results/reproduce")
+
+    def _check_earlier_folder(self, ablations) -> None:
+        """Finished ablation runs under the earlier default folder are not retrained silently
+        into the new one: one line says how to table or move them."""
+        if self.out_dir != Path("results/ablate") or (self.out_dir / self.preset).exists():
+            return
+        old = self.EARLIER_OUT_DIR / self.preset
+        found = sorted(p.parent.name for p in old.glob(f"{self.task}-*/seed*/final.json")
+                       if p.parent.parent.name.removeprefix(f"{self.task}-") in ablations
+                       and not p.parent.parent.name.endswith(("-hkt", "-mha")))  # fmt: skip
+        if found:
+            raise ConfigError(
+                f"{old} holds finished ablation runs (of an earlier default folder): table them "
+                f"with --out-dir {self.EARLIER_OUT_DIR}, or move them first (mv {old} "
+                f"{self.out_dir / self.preset})"
+            )
 
 
 @dataclass

@@ -264,18 +264,28 @@ class TextAttributedGraph:
             raise ValueError(f"node ids repeat {repeated[:10]}: each node needs its own id")
 
     def node_index(self, node: int | str) -> int:
-        """The index of ``node``: an index ``0..N-1`` (an int, or a string of digits when the
-        graph has no ids of that spelling) or one of the graph's node ids. An unknown node is a
-        ValueError naming it."""
+        """The index of ``node``: an index ``0..N-1`` (an int, or a string of digits), one of the
+        graph's node ids, or ``"id:<id>"`` (always an id). A string that is both one node's id
+        and another node's index is ambiguous, and an unknown node is a ValueError naming it."""
         ids = self.__dict__.get("_id_lookup")
         if ids is None or ids[0] is not self.node_ids:
             ids = (self.node_ids, {x: i for i, x in enumerate(self.node_ids)})
             self.__dict__["_id_lookup"] = ids
-        if isinstance(node, str) and node in ids[1]:
-            return ids[1][node]
+        if isinstance(node, str) and node.startswith("id:") and node[3:] in ids[1]:
+            return ids[1][node[3:]]  # an id, whatever it looks like
         text = str(node).strip()
-        if text.lstrip("-").isdigit() and 0 <= int(text) < self.num_nodes:
-            return int(text)
+        as_index = int(text) if text.isascii() and text.isdigit() else None
+        if isinstance(node, str) and node in ids[1]:
+            j = ids[1][node]
+            if as_index is not None and as_index < self.num_nodes and as_index != j:
+                raise ValueError(
+                    f"node {node!r} is ambiguous: the id of node {j} and the index of node "
+                    f"{as_index} (id {self.node_ids[as_index]!r}); write 'id:{node}' for node "
+                    f"{j}, or {self.node_ids[as_index]!r} for node {as_index}"
+                )
+            return j
+        if as_index is not None and as_index < self.num_nodes:
+            return as_index
         some = ", ".join(repr(x) for x in self.node_ids[:3])
         named = f" or a node id ({some}, ...)" if self.node_ids else ""
         raise ValueError(

@@ -358,8 +358,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
     seen = set()
+    merges = 0
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
+            merges += 1
+            if merges > 1:  # YAML allows one merge key; a second would silently lose one
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"merge key '<<' is given twice in one mapping (line {line})")
             continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
@@ -380,6 +385,8 @@ def parse_yaml(text: str, source: str = "<text>") -> Any:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"{source}: not valid YAML ({err})") from None
+    except TypeError as err:  # a key YAML allows but a mapping cannot hold (a list, a mapping)
+        raise ConfigError(f"{source}: a key must be a plain value ({err})") from None
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
 

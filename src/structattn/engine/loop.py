@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -358,6 +359,8 @@ class Engine:
         return its RNG state (set once the data sampler exists). A run stopped before its first
         checkpoint starts again (None)."""
         if not self.dir.has_checkpoints():  # stopped before its first checkpoint
+            if self.is_main:  # its events would overlap the new ones
+                shutil.rmtree(self.dir.file(self.dir.TENSORBOARD), ignore_errors=True)
             warnings.warn(
                 f"--resume: {self.dir.path} stopped before its first checkpoint: the run starts "
                 "again from step 0 in the same folder",

@@ -76,7 +76,8 @@ class RunDir:
     RESULT_FILES = (FINAL, "results.json", BEST, "best")
     #: What ``--overwrite`` removes: the files above and those the shipped experiments add.
     RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, CURVES, *RESULT_FILES,
-                 "hf", "samples.md", "results.md", "diagnostics", "vocabulary.json")  # fmt: skip
+                 "hf", "samples.md", "results.md", "diagnostics", "vocabulary.json",
+                 "graph")  # fmt: skip
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -237,10 +238,14 @@ class RunDir:
         makes a run write, delete or resume outside itself."""
         names = [self.LOCK, *self.RUN_FILES]
         links = [n for n in names if self.file(n).is_symlink()]
-        for sub in (self.CHECKPOINTS, self.TENSORBOARD):
+        for sub in names:  # and anything inside the run's own folders, at any depth
             folder = self.file(sub)
-            if folder.is_dir() and not folder.is_symlink():
-                links += [f"{sub}/{p.name}" for p in sorted(folder.iterdir()) if p.is_symlink()]
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for root, dirs, files in os.walk(folder):  # never follows a link
+                for name in sorted(dirs + files):
+                    if os.path.islink(os.path.join(root, name)):
+                        links.append(os.path.relpath(os.path.join(root, name), self.path))
         if links:
             raise RunError(
                 f"{self.path} holds symbolic links where a run keeps its own files "
@@ -266,8 +271,13 @@ class RunDir:
                 f"{self.path} already holds results ({', '.join(results)}) and is never "
                 f"overwritten by a fresh run{again}: choose another run_dir, or pass --overwrite"
             )
-        if resume and not has_checkpoints and (self.is_finished() or not self.config.is_file()):
-            what = "is a finished run" if self.is_finished() else "holds no run's config.yaml"
+        if resume and not self.is_resumable():
+            what = (
+                "is a finished run"
+                if self.is_finished()
+                else "holds no run stopped before its first checkpoint (config.yaml beside "
+                "metrics.csv or best.safetensors)"
+            )
             raise RunError(
                 f"--resume: {self.checkpoints} holds no checkpoint to resume from and "
                 f"{self.path} {what}: start a new run_dir"
@@ -283,19 +293,23 @@ class RunDir:
         return started and not self.is_finished()
 
     def is_run_folder(self) -> bool:
-        """The folder was written by a run: its ``config.yaml`` is a run's config (a mapping
-        with ``seed``, ``optim`` and ``train``) and it holds a run's log, data record,
-        checkpoints or results. What ``--overwrite`` may clear."""
+        """The folder was written by a run: its ``config.yaml`` is a mapping and it holds a
+        checkpoint or a finished run's results (GL-Fusion runs of earlier versions kept a flat
+        config), or its config is a run's (``seed``, ``optim``, ``train``) beside a run's log,
+        data record or results. What ``--overwrite`` may clear."""
         if not self.config.is_file():
             return False
         try:
             values = read_yaml(self.config)
         except (ConfigError, OSError):
             values = None
-        if not isinstance(values, dict) or not {"seed", "optim", "train"} <= set(values):
+        if not isinstance(values, dict):
             return False
+        if self.has_checkpoints() or self.is_finished():  # a run's, whatever its config's shape
+            return True
         marks = (self.METRICS, self.DATA, *self.RESULT_FILES)
-        return self.has_checkpoints() or any(self.file(n).exists() for n in marks)
+        run_keys = {"seed", "optim", "train"} <= set(values)
+        return run_keys and any(self.file(n).exists() for n in marks)
 
     def check_resume_config(
         self,
@@ -333,10 +347,12 @@ class RunDir:
         if not present:
             return []
         if not self.is_run_folder():  # someone's own files under a run's names: keep them
+            why = (f"no {self.CONFIG}" if not self.config.is_file()
+                   else f"its {self.CONFIG} is not a run's config, and it holds no checkpoint "
+                   "or finished run")  # fmt: skip
             raise RunError(
                 f"--overwrite: {self.path} holds {', '.join(present)} but is not a run folder "
-                f"(no readable {self.CONFIG} beside a run's {self.METRICS}, {self.DATA}, "
-                f"{self.CHECKPOINTS}/ or results): nothing removed; choose another run_dir"
+                f"({why}): nothing removed; choose another run_dir"
             )
         removed = []
         for name in self.RUN_FILES:

@@ -16,7 +16,13 @@ from structattn.engine.config import build_dataclass, find_config, load_config, 
 from structattn.engine.rundir import RunDir
 from structattn.errors import ConfigError, RunError
 
-__all__ = ["PresetCommand", "check_sampling", "parse_command"]
+__all__ = [
+    "PresetCommand",
+    "check_sampling",
+    "parse_command",
+    "run_config_values",
+    "saved_run_config",
+]
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int) -> None:
@@ -83,13 +89,26 @@ def saved_run_config(args: list[str]) -> tuple[Path, dict[str, Any]] | None:
     run = RunDir(known.run_dir)
     if not run.config.is_file():
         return None
+    return run.config, run_config_values(run)
+
+
+def run_config_values(run: RunDir) -> dict[str, Any]:
+    """A run's saved config as the defaults of a command that continues or reads it: not
+    ``resume``/``overwrite`` (the flags of this call decide), no pause point of an earlier
+    segment, and no data folder that no longer exists (a moved run reads the default data
+    folder, or ``--data-dir``)."""
     try:
         values = run.read_config()
     except RunError as err:
         raise ConfigError(str(err)) from None
+    values.update(resume=False, overwrite=False)
     if isinstance(values.get("train"), dict):  # a pause point belongs to one segment, not the run
         values["train"] = {**values["train"], "stop_at": None}
-    return run.config, values
+    for section in (values, values.get("data")):
+        if isinstance(section, dict) and section.get("data_dir"):
+            if not Path(str(section["data_dir"])).is_dir():
+                section["data_dir"] = None
+    return values
 
 
 def _box_text(text: str) -> str:

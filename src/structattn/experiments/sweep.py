@@ -7,6 +7,7 @@ union of the finished runs in its folder (:func:`read_finished`). ``reproduce`` 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from structattn.engine import RunDir, config_diff
-from structattn.errors import ConfigError, RunError
+from structattn.errors import ConfigError, UserError
 
 __all__ = [
     "REUSE_IGNORES",
@@ -108,16 +109,17 @@ def finished_folders(root: Path) -> list[tuple[str, int]]:
     folder may hold besides the runs one call asked for."""
     found = []
     for folder in sorted(Path(root).glob("*/seed*")):
-        digits = folder.name.removeprefix("seed")
-        if digits.isdigit() and folder.is_dir() and RunDir(folder).is_finished():
-            found.append((folder.parent.name, int(digits)))
+        seed = re.fullmatch(r"seed(0|[1-9][0-9]*)", folder.name)  # as runs name their folders
+        if seed and folder.is_dir() and RunDir(folder).is_finished():
+            found.append((folder.parent.name, int(seed.group(1))))
     return found
 
 
 def read_finished(runs: Iterable[SweepRun]) -> tuple[dict[Hashable, dict[str, Any]], list[str]]:
     """The finished runs among ``runs`` (others are skipped), read back for a table that is the
     union of the finished runs in its folder: a later call adds rows and never drops the earlier
-    ones. A run of another configuration (or whose files do not read) is left out and named."""
+    ones. A run that cannot be reused (another configuration, files that do not read, data that
+    is not here) is left out and named with the reason."""
     finals, left_out = {}, []
     for run in runs:
         rd = RunDir(run.run_dir)
@@ -126,8 +128,10 @@ def read_finished(runs: Iterable[SweepRun]) -> tuple[dict[Hashable, dict[str, An
         try:
             check_reusable(run, rd)
             finals[run.key] = rd.read_final()
-        except (ConfigError, RunError) as err:
-            left_out.append(str(err))
+        except (UserError, OSError) as err:  # another config, damaged files, data not here
+            left_out.append(
+                f"{run.run_dir}: {err}" if str(run.run_dir) not in str(err) else str(err)
+            )
     return finals, left_out
 
 

@@ -135,7 +135,7 @@ def ablate_glfusion(
     stats = ablation_statistics(runs, variants)
     table = ablation_table(preset, variants, runs, stats)
     for reason in left_out:
-        table += f"\n\nNot in the table (finished, another configuration): {reason}"
+        table += f"\n\nNot in the table (finished, not reusable here): {reason}"
     summary = {
         "preset": preset,
         "seeds": sorted(runs["full"]),

@@ -12,7 +12,7 @@ import tyro
 
 from structattn.engine.config import build_dataclass, load_preset, preset_names
 from structattn.engine.rundir import RunDir
-from structattn.errors import ConfigError, RunError
+from structattn.errors import ConfigError
 from structattn.glfusion.loading import quiet_library_warnings
 
 from ..commands import (
@@ -20,6 +20,7 @@ from ..commands import (
     PresetCommand,
     check_sampling,
     parse_command,
+    run_config_values,
     saved_run_config,
 )
 from .ablate import GLFUSION_ABLATIONS
@@ -302,16 +303,23 @@ def _run_config(args: list[str]) -> tuple[Path, dict] | None:
             f"--run-dir {known.run_dir} holds no config.yaml (not a GL-Fusion run folder): give "
             "a run folder, or train's data and target flags"
         )
-    try:
-        values = run.read_config()
-    except RunError as err:
-        raise ConfigError(str(err)) from None
-    values.update(resume=False, overwrite=False, data_dir=None)
+    values = run_config_values(run)
+    values["data_dir"] = None
     saved = run.file("graph")  # where a run keeps a graph given from Python
     graph = values.get("graph_path")
     if values.get("dataset") == "file" and saved.is_dir() and not Path(str(graph)).is_dir():
         values["graph_path"] = str(saved)
     return run.config, values
+
+
+def _run_folder_key(run_dir) -> str:
+    """A folder name of its own for each run folder (``mine-seed0-1a2b3c4d``): two runs whose
+    folders end alike (``.../full/seed0``) never share a table."""
+    import hashlib
+
+    path = Path(run_dir).resolve()
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    return f"{path.parent.name}-{path.name}-{digest}"
 
 
 @dataclass
@@ -362,7 +370,7 @@ class Baselines(PresetCommand):
         out = baselines_over_seeds(self.preset, seeds, self.config, self.against, base=cfg,
                                    described=described)  # fmt: skip
         table = baselines_table(out)
-        root = self.out_dir / (Path(cfg.resolved_run_dir()).name if saved else self.preset)
+        root = self.out_dir / (_run_folder_key(cfg.resolved_run_dir()) if saved else self.preset)
         root.mkdir(parents=True, exist_ok=True)
         (root / "baselines.md").write_text(table + "\n")
         (root / "baselines.json").write_text(json.dumps(json_safe(out), indent=2) + "\n")

@@ -176,11 +176,14 @@ def _tune(jobs: _Jobs, root: Path, tasks, variants, lr_sweep):
     return tuned, sweeps
 
 
-def _diagnostics(root: Path, tasks, seeds) -> dict:
-    """The theory diagnostics of each finished HKT run (measured once, then read back)."""
+def _diagnostics(root: Path, tasks, seeds, finals) -> dict:
+    """The theory diagnostics of each finished HKT run in the table (measured once, then read
+    back)."""
     out = {}
     for task in tasks:
         for seed in seeds:
+            if (task, "hkt", seed) not in finals:  # unfinished, or not reusable here
+                continue
             rd = RunDir(root / f"{task}-hkt" / f"seed{seed}")
             path = rd.file("diagnostics") / "diagnostics.json"
             if path.is_file():
@@ -240,7 +243,7 @@ def reproduce(
     others, left_out = read_finished(_other_runs(jobs, root, tuned, set(grid)))
     finals = {**others, **done.finals}
     tasks, variants, seeds = _table_axes(finals, tasks, variants, seeds)
-    diagnostics = _diagnostics(root, tasks, seeds) if "hkt" in variants else {}
+    diagnostics = _diagnostics(root, tasks, seeds, finals) if "hkt" in variants else {}
     shallow = {}
     if baselines:
         for task in tasks:
@@ -379,7 +382,7 @@ def results_table(results: dict[str, Any]) -> str:
             "Not in the table (unfinished; rerun to resume): " + ", ".join(results["incomplete"])
         )
     for reason in results.get("left_out", []):
-        lines.append(f"Not in the table (finished, another configuration): {reason}")
+        lines.append(f"Not in the table (finished, not reusable here): {reason}")
     if "wall_s" in results:
         lines.append(f"Wall time of this reproduce call: {results['wall_s'] / 60:.1f} min.")
     return "\n".join(lines)

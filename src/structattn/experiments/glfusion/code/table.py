@@ -266,7 +266,7 @@ def table_markdown(results: dict[str, Any]) -> str:
     if results.get("incomplete"):
         lines += ["", "Unfinished runs: " + ", ".join(results["incomplete"])]
     for reason in results.get("left_out", []):
-        lines += ["", f"Not in the table (finished, another configuration): {reason}"]
+        lines += ["", f"Not in the table (finished, not reusable here): {reason}"]
     lines += ["", "Flattened: no gain of 1 pp or more in validation F1 over the last fifth of "
               "training, per seed."]  # fmt: skip
     return "\n".join(lines)
