@@ -204,6 +204,22 @@ def open_gates(model, value=0.7):
 TINY_MODEL = dict(d_model=16, n_layers=1, n_heads=2, mlp_ratio=1)
 
 
+#: Generated ListOps small enough for a run of a few seconds.
+TINY_LISTOPS = {"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]}
+
+
+def tiny_listops(data_dir, run_dir, max_steps=6, **changes):
+    """The quick ``listops-hkt`` preset on :data:`TINY_LISTOPS` and :data:`TINY_MODEL`: ``train``
+    in ``changes`` updates a short train section, the rest are config overrides."""
+    from structattn.experiments.lra import load_lra
+
+    train_cfg = {"max_steps": max_steps, "batch_size": 8, "eval_every": 2, "log_every": 1}
+    train_cfg.update(changes.pop("train", {}))
+    return load_lra("listops-hkt", "quick", run_dir=str(run_dir),
+                    data={**TINY_LISTOPS, "data_dir": str(data_dir)}, model=TINY_MODEL,
+                    train=train_cfg, **changes)  # fmt: skip
+
+
 def tiny_lra(task, attention, data_dir, run_dir, **train):
     """The quick ``{task}-{attention}`` preset shrunk to :data:`TINY_MODEL` and short sequences
     on the data in ``data_dir`` (see the ``lra_data_dir`` fixture), with ``train`` over the

@@ -13,21 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MODEL
+from helpers import TINY_LISTOPS, TINY_MODEL, tiny_listops
 
 from structattn.engine import RunDir
 from structattn.errors import ConfigError, RunError
-from structattn.experiments.lra import evaluate_run, load_lra, train
+from structattn.experiments.lra import evaluate_run, train
 
-LISTOPS = {"seq_len": 32, "listops_min_length": 4, "listops_sizes": [48, 8, 8]}
+LISTOPS = TINY_LISTOPS
 
 
 def tiny(data_dir, run_dir, **changes):
-    train_cfg = {"max_steps": 6, "batch_size": 8, "eval_every": 2, "log_every": 1}
-    train_cfg.update(changes.pop("train", {}))
-    return load_lra("listops-hkt", "quick", run_dir=str(run_dir),
-                    data={**LISTOPS, "data_dir": str(data_dir)}, model=TINY_MODEL,
-                    train=train_cfg, **changes)  # fmt: skip
+    return tiny_listops(data_dir, run_dir, 6, **changes)
 
 
 @pytest.fixture
