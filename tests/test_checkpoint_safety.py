@@ -41,9 +41,11 @@ def test_a_state_file_that_would_run_code_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "marker"
     bomb = tmp_path / "ckpt" / "step-00000002" / "state.pt"
     torch.save({"step": 2, "rng": _Bomb(marker)}, bomb)
-    with pytest.warns(RuntimeWarning, match="step-00000002 is damaged"):
+    with pytest.warns(RuntimeWarning, match="step-00000002 is damaged") as caught:
         path, state = load_latest_valid(tmp_path / "ckpt", _model())
     assert not marker.exists()  # the object's __reduce__ never ran
+    message = str(caught[0].message)  # one line naming what was refused, no advice to unpickle
+    assert "\n" not in message and "system" in message and "weights_only" not in message
     assert path.name == "step-00000001" and state["step"] == 1
     assert (tmp_path / "ckpt" / "damaged-step-00000002").is_dir()  # kept, never deleted
 

@@ -116,6 +116,18 @@ def test_internal_errors_keep_their_traceback(monkeypatch):
         main(["train", "--config", "listops-hkt", "--train.max-steps", "1"])
 
 
+@pytest.mark.parametrize("argv", [
+    ["reproduce", "--set", "train.max_steps=2", "--set", "train.batch_size=4"],
+    ["train", "--preset", "quick", "--train.max-steps=2", "--train.max-steps", "3"],
+    ["glfusion", "train", "--dataset", "wordnet", "--dataset", "wordnet"],
+])  # fmt: skip
+def test_a_flag_given_twice_is_refused_instead_of_keeping_the_last(tmp_path, argv):
+    """``--set A --set B`` would silently drop ``A`` (the parser keeps the last): one line."""
+    with pytest.raises(SystemExit, match=f"{argv[-2].split('=')[0]} is given twice"):
+        main([*argv, "--out-dir" if argv[0] == "reproduce" else "--run-dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("preset", ["cpu", "cpu512"])
 def test_reproduce_set_shrinks_a_run_to_seconds(lra_data_dir, tmp_path, capsys, preset):
     """``reproduce --set KEY=VALUE`` changes preset keys of every run (dotted keys, YAML values),

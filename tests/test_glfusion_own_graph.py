@@ -67,14 +67,32 @@ def journey(tmp_path_factory):
     data = ["--dataset", "file", "--graph-path", str(root / "graph"), "--llm", str(root / "llm"),
             "--encoder", str(root / "enc"), *FLAGS]  # fmt: skip
     run = root / "runs" / "mine"
+    (root / "elsewhere").mkdir()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        paused, first = _cli(["train", *data, *BUDGET, "--train.stop-at", "2",
+        mp.chdir(root)  # the first segment names its files relative to its folder, caching in
+        relative = ["--dataset", "file", "--graph-path", "graph", "--llm", "llm", "--encoder",
+                    "enc", *FLAGS, "--data-dir", "theirs"]  # fmt: skip
+        paused, first = _cli(["train", *relative, *BUDGET, "--train.stop-at", "2",
                               "--run-dir", str(run)])  # fmt: skip
+        theirs = sorted((root / "theirs").rglob("*"))
+        mp.chdir(root / "elsewhere")  # resumed from another folder, as someone handed the run
         table, second = _cli(["train", "--run-dir", str(run), "--resume"])
     yield {"root": root, "run": run, "data": data, "stderr": (first, second), "paused": paused,
-           "table": table, "warnings": [str(w.message) for w in caught]}  # fmt: skip
+           "table": table, "warnings": [str(w.message) for w in caught],
+           "theirs": theirs}  # fmt: skip
     mp.undo()
+
+
+def test_a_resumed_run_finds_its_files_from_anywhere_and_caches_in_the_callers_folder(journey):
+    """Relative --graph-path/--llm/--encoder are saved absolute; resuming from the run folder
+    alone caches encodings in the caller's data folder, never in the one the config names."""
+    root = journey["root"]
+    saved = (journey["run"] / "config.yaml").read_text()
+    for name in ("graph", "llm", "enc"):
+        assert f"{root / name}\n" in saved
+    assert journey["theirs"] and sorted((root / "theirs").rglob("*")) == journey["theirs"]
+    assert any((root / "user-data" / "encodings").glob("*.keys.json"))
 
 
 def test_own_graph_trains_by_flags_resumes_alone_and_says_what_it_leaves_out(journey):

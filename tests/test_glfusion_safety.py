@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import tiny_glfusion_models, tiny_llama, word_tokenizer, write_wordnet
 
-from structattn.errors import ConfigError, DataError
+from structattn.errors import ConfigError, DataError, RunError
 from structattn.experiments.glfusion import build_glfusion_config, train_glfusion
 
 TINY = dict(dataset="wordnet", max_nodes=4, text_tokens=8, lora_r=2, lora_alpha=4)
@@ -368,3 +368,40 @@ def test_sigterm_during_validation_stops_between_batches_and_resumes(tmp_path, m
     model = tiny_glfusion_models(tmp_path)[0][0]
     with pytest.raises(EvaluationStopped):
         gnn_accuracy(model, ["never collated"], None, 1, stop=lambda: signal.SIGTERM)
+
+
+# ------------------------------------------------------------------ files left behind
+
+
+def test_no_generated_message_passing_file_is_left_in_the_temporary_folder(tmp_path):
+    """torch_geometric writes a ``*_propagate_*.py`` per message-passing class and process to
+    the temporary folder and never deletes it: structattn removes its own at exit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import structattn, torch_geometric.nn as g\n"
+        "g.GCNConv(4, 4); g.SAGEConv(4, 4); g.GINEConv(torch.nn.Linear(4, 4), edge_dim=4)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", "import torch\n" + code], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_of_the_other_kind_is_named_with_the_command_that_reads_it(handed_run, tmp_path):
+    from structattn.cli import main
+    from structattn.experiments.glfusion import predict_nodes
+
+    root, _, _ = handed_run
+    with pytest.raises(SystemExit) as err:
+        main(["eval", str(root / "run")])
+    message = str(err.value)
+    assert "GL-Fusion node-classification run" in message and "glfusion predict" in message
+    assert "\n" not in message and "unknown" not in message
+    lra = tmp_path / "lra"
+    lra.mkdir()
+    (lra / "config.yaml").write_text("name: listops-hkt\ndata:\n  task: listops\nmodel: {}\n")
+    with pytest.raises(RunError, match="HKT/MHA sequence-classification run.*structattn eval"):
+        predict_nodes(lra, [0])

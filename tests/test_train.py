@@ -272,6 +272,28 @@ def test_reproduce_table_and_skip(lra_data_dir, tmp_path):
     assert final.stat().st_mtime_ns == before  # finished runs are skipped
 
 
+def test_the_headline_difference_pairs_seeds_when_one_model_has_more(tmp_path):
+    """A table read back from a folder may hold three HKT seeds and two MHA seeds: Δ and the
+    step-time ratio use the two seeds both finished, and the table says which."""
+    from structattn.experiments.lra.reproduce import results_table, summarise
+
+    def final(acc, ms):
+        return {"test_acc": acc, "median_step_ms": ms, "parameters": 10, "seq_len": 8,
+                "data_source": "generated", "stand_in": False, "hkt": {}}  # fmt: skip
+
+    finals = {("listops", "hkt", 0): final(0.40, 2.0), ("listops", "hkt", 1): final(0.42, 2.0),
+              ("listops", "hkt", 2): final(0.70, 9.0), ("listops", "mha", 0): final(0.39, 1.0),
+              ("listops", "mha", 1): final(0.40, 1.0)}  # fmt: skip
+    results = summarise(tmp_path, ["listops"], [0, 1, 2], finals)
+    row = results["tasks"]["listops"]
+    assert row["diff_pp"] == pytest.approx(1.5) and row["diff_seeds"] == [0, 1]
+    assert row["step_time_ratio"] == pytest.approx(2.0)
+    assert "| +1.50 (seeds 0, 1) |" in results_table(results).splitlines()[4]
+    finals.pop(("listops", "hkt", 2))  # the same seeds: no note
+    row = summarise(tmp_path, ["listops"], [0, 1, 2], finals)["tasks"]["listops"]
+    assert "| +1.50 |" in results_table({**results, "tasks": {"listops": row}}).splitlines()[4]
+
+
 def test_reproduce_rejects_unknown_task(tmp_path):
     with pytest.raises(ValueError, match="unknown task"):
         reproduce("quick", seeds=(0,), tasks=("mnist",), out_dir=tmp_path)

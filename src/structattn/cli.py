@@ -33,7 +33,12 @@ import tyro
 from structattn.data.tasks import TaskSpec
 from structattn.engine.config import load_config, parse_yaml, preset_names
 from structattn.errors import ConfigError, UserError
-from structattn.experiments.commands import PresetCommand, check_sampling, parse_command
+from structattn.experiments.commands import (
+    PresetCommand,
+    check_sampling,
+    parse_command,
+    refuse_repeated_flags,
+)
 from structattn.experiments.lm.config import LMConfig
 from structattn.experiments.lra.config import LRAConfig, load_lra
 from structattn.hkt.model import ModelConfig
@@ -488,6 +493,7 @@ def main(argv: list[str] | None = None) -> None:
         if not argv or argv[0] in ("-h", "--help"):
             print_help()
             return
+        refuse_repeated_flags(argv)  # before any command reads its --config or --preset
         if argv[0] == "glfusion":
             from structattn.experiments.glfusion.commands import main as glfusion_main
 

@@ -130,7 +130,7 @@ def _pick(spec: TaskSpec, original: Path, what: str) -> bool:
     return spec.source == "auto" and original.exists()
 
 
-def _listops(spec: TaskSpec, root: Path) -> TaskData:
+def _listops(spec: TaskSpec, root: Path, write_cache: bool = True) -> TaskData:
     T = spec.seq_len or 512
     lra = root / "listops"
     if _pick(spec, lra / "basic_train.tsv", "LRA ListOps TSVs"):
@@ -152,7 +152,9 @@ def _listops(spec: TaskSpec, root: Path) -> TaskData:
             / (f"len{spec.listops_min_length}-{T}_seed{spec.seed}_{n_train}-{n_val}-{n_test}")
         )
         paths = [cache / f"basic_{s}.tsv" for s in ("train", "val", "test")]
-        if not all(p.is_file() for p in paths):
+        if all(p.is_file() for p in paths):
+            splits = [lo.read_listops_tsv(p) for p in paths]
+        else:
             examples = lo.generate_listops(
                 n_train + n_val + n_test,
                 min_length=spec.listops_min_length,
@@ -160,9 +162,11 @@ def _listops(spec: TaskSpec, root: Path) -> TaskData:
                 seed=spec.seed,
             )
             bounds = [0, n_train, n_train + n_val, n_train + n_val + n_test]
-            for path, a, b in zip(paths, bounds[:-1], bounds[1:]):
-                lo.write_listops_tsv(path, examples[a:b])  # atomic, per-process temporary name
-        splits = [lo.read_listops_tsv(p) for p in paths]
+            splits = [examples[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            if write_cache:
+                for path, split in zip(paths, splits):
+                    lo.write_listops_tsv(path, split)  # atomic, per-process temporary name
+                splits = [lo.read_listops_tsv(p) for p in paths]
         source = f"ListOps, own generator (LRA rules), lengths {spec.listops_min_length}-{T}"
     datasets = [
         _dataset([lo.encode_listops(s)[:T] for s, _ in split], [y for _, y in split])
@@ -295,13 +299,17 @@ def _text(spec: TaskSpec, root: Path) -> TaskData:
     )
 
 
-def load_task(spec: TaskSpec | None = None, **overrides) -> TaskData:
+def load_task(spec: TaskSpec | None = None, write_cache: bool = True, **overrides) -> TaskData:
     """Build a task's splits: ``load_task(TaskSpec(task="image"))`` or
-    ``load_task(task="text", seq_len=512)``."""
+    ``load_task(task="text", seq_len=512)``. With ``write_cache=False`` nothing is written under
+    the data folder (generated ListOps missing there is generated in memory): for a folder a
+    handed run's config names, which is read but never written."""
     spec = TaskSpec(**overrides) if spec is None else spec
     root = Path(spec.data_dir) if spec.data_dir is not None else default_data_dir()
-    build = {"listops": _listops, "image": _image, "text": _text}[spec.task]
-    data = build(spec, root)
+    if spec.task == "listops":
+        data = _listops(spec, root, write_cache)
+    else:
+        data = {"image": _image, "text": _text}[spec.task](spec, root)
     data.train = _limit(data.train, spec.max_train, spec.seed)
     data.val = _limit(data.val, spec.max_val, spec.seed + 1)
     data.test = _limit(data.test, spec.max_test, spec.seed + 2)

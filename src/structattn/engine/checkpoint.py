@@ -283,6 +283,17 @@ def _load_state(state_file: Path) -> Any:
         return torch.load(state_file, weights_only=True, map_location="cpu")
 
 
+def _load_error(err: Exception) -> str:
+    """One line for an error of :func:`_load_state`: for an object ``weights_only`` refuses,
+    what was refused, without torch's advice to load the file with ``weights_only=False``
+    (never followed here: a state file is data)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if lines and lines[0].startswith("Weights only load failed"):
+        found = [line for line in lines[1:] if not line.startswith("Check the documentation")]
+        return f"it holds an object that is not training state: {' '.join(found)[:300]}"
+    return f"{type(err).__name__}: {' '.join(lines)[:300]}"
+
+
 def _read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Weights and state of one checkpoint, checked: both files readable, the step matches the
     folder name, every floating-point weight finite. Raises ``ValueError`` saying what is wrong."""
@@ -297,7 +308,7 @@ def _read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     try:
         state = _load_state(state_file)
     except Exception as err:  # truncated zip, unpickling errors, a refused object, ...
-        raise ValueError(f"{state_file} cannot be read ({type(err).__name__}: {err})") from None
+        raise ValueError(f"{state_file} cannot be read ({_load_error(err)})") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{state_file} holds no training state")
     expected = int(path.name.split("-")[1])

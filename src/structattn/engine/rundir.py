@@ -45,6 +45,8 @@ __all__ = ["RunDir", "json_safe"]
 #: Run folders whose lock this process holds (resolved path -> open descriptor): released when
 #: the process ends, however it ends.
 _HELD_LOCKS: dict[Path, int] = {}
+#: The folders among them whose ``.lock`` this process created.
+_CREATED_LOCKS: set[Path] = set()
 
 
 def json_safe(x: Any) -> Any:
@@ -203,6 +205,7 @@ class RunDir:
         if key in _HELD_LOCKS:
             return
         self.check_own_files()
+        created = not os.path.lexists(self.path / self.LOCK)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
@@ -230,6 +233,17 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         _HELD_LOCKS[key] = fd
+        if created:
+            _CREATED_LOCKS.add(key)
+
+    def release_created_lock(self) -> None:
+        """Let go of a lock this process took on a folder that had no ``.lock`` before, and
+        remove the file (for a refusal that leaves someone's folder as it found it)."""
+        key = self.path.resolve()
+        if key in _CREATED_LOCKS and key in _HELD_LOCKS:
+            os.unlink(self.path / self.LOCK)  # while still held: no other writer is inside
+            os.close(_HELD_LOCKS.pop(key))
+            _CREATED_LOCKS.discard(key)
 
     def check_own_files(self) -> None:
         """Every file a run reads or writes is the folder's own: a symbolic link among them
@@ -350,6 +364,7 @@ class RunDir:
             why = (f"no {self.CONFIG}" if not self.config.is_file()
                    else f"its {self.CONFIG} is not a run's config, and it holds no checkpoint "
                    "or finished run")  # fmt: skip
+            self.release_created_lock()
             raise RunError(
                 f"--overwrite: {self.path} holds {', '.join(present)} but is not a run folder "
                 f"({why}): nothing removed; choose another run_dir"

@@ -44,6 +44,10 @@ class PresetCommand:
     default_config: ClassVar[str]
     #: The :class:`~structattn.engine.RunConfig` subclass the file describes.
     config_class: ClassVar[type]
+    #: True where the config's top-level ``data_dir`` is a cache the run writes: resuming from
+    #: a run folder alone caches in the caller's data folder (``--data-dir`` or the default),
+    #: never in the folder a run's saved config names (the folder may have been handed over).
+    data_dir_is_cache: ClassVar[bool] = False
 
     config: str
     preset: str
@@ -57,6 +61,8 @@ class PresetCommand:
         saved = saved_run_config(args)
         if saved is not None:
             path, values = saved
+            if cls.data_dir_is_cache:
+                values["data_dir"] = None
             return cls(str(path), SAVED_PRESET, build_dataclass(cls.config_class, values))
         config, preset = preset_from_args(args, cls.default_config)
         return cls(config, preset, load_config(cls.config_class, config, preset))
@@ -123,9 +129,29 @@ def _box_text(text: str) -> str:
     return " ".join(" ".join(lines).split())
 
 
+def refuse_repeated_flags(args: list[str]) -> None:
+    """A flag given twice is a :class:`ConfigError`: the parser would keep only the last one, so
+    ``--set a=1 --set b=2`` would silently drop ``a=1``."""
+    seen = set()
+    for arg in args:
+        if arg == "--":
+            return
+        if not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in seen:
+            raise ConfigError(
+                f"{flag} is given twice and only the last would count; give it once "
+                f"(a flag taking several values takes them all after one {flag}: {flag} A B)"
+            )
+        seen.add(flag)
+
+
 def parse_command(cls, args: list[str], prog: str, default=None, **kwargs):
-    """``tyro.cli`` whose bad-input errors (an unknown flag, a value a dataclass rejects) are one
-    :class:`ConfigError` line instead of tyro's box; ``--help`` prints as tyro prints it."""
+    """``tyro.cli`` whose bad-input errors (an unknown flag, a value a dataclass rejects, a flag
+    given twice) are one :class:`ConfigError` line instead of tyro's box; ``--help`` prints as
+    tyro prints it."""
+    refuse_repeated_flags(args)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):

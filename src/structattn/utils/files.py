@@ -68,3 +68,20 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_generated_modules() -> None:
+    """Remove the Python files torch_geometric writes to the temporary folder for each message
+    passing class a process builds (``<module>_<Class>_propagate_<random>.py``, never deleted by
+    it): at exit, when the modules loaded from them are no longer needed. Only files of this
+    process's own loaded modules are removed."""
+    import sys
+
+    tmp = Path(tempfile.gettempdir()).resolve()
+    for name, module in list(sys.modules.items()):
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if not origin or not name.endswith(("_propagate", "_edge_updater")):
+            continue
+        path = Path(origin)
+        if path.parent.resolve() == tmp and path.name.startswith(f"{name}_"):
+            path.unlink(missing_ok=True)

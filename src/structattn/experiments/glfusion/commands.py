@@ -78,6 +78,7 @@ class Train(PresetCommand):
 
     default_config: ClassVar[str] = "glfusion"
     config_class: ClassVar[type] = GLFusionTrainConfig
+    data_dir_is_cache: ClassVar[bool] = True  # node-text encodings
 
     def run(self) -> None:
         from .report import results_table

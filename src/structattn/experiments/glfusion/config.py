@@ -54,6 +54,15 @@ def _default_train() -> TrainConfig:
 GROUP_RATES = ("gate_lr", "module_lr", "head_lr", "lora_lr")
 
 
+def absolute_paths(cfg: Any, keys: tuple[str, ...]) -> None:
+    """Make the files a run reads absolute, so that its saved ``config.yaml`` still names them
+    when the run is resumed, predicted or scored from another working directory."""
+    for key in keys:
+        value = getattr(cfg, key)
+        if value is not None:
+            setattr(cfg, key, Path(value).expanduser().absolute())
+
+
 def check_group_rates(cfg: Any) -> None:
     """Each of :data:`GROUP_RATES` of ``cfg`` is ``None`` or positive."""
     for key in GROUP_RATES:
@@ -126,6 +135,8 @@ class GLFusionTrainConfig(RunConfig):
         if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:
             raise ValueError(f"ensemble_weight must be in [0, 1] or None: {self.ensemble_weight}")
         check_group_rates(self)
+        absolute_paths(self, ("graph_path", "data_dir", "arxiv_root", "arxiv_titleabs", "llm",
+                              "encoder"))  # fmt: skip
         for key in (
             "max_train",
             "max_val",

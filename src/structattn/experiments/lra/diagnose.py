@@ -300,7 +300,7 @@ def diagnose(
     cfg = load_run_config(run_dir)
     if cfg.model.attention != "hkt":
         raise RunError(f"{run_dir} trained attention={cfg.model.attention!r}; diagnose needs hkt")
-    data = load_task(cfg.data)
+    data = load_task(cfg.data, write_cache=False)  # the run's data folder is read, never written
     torch.manual_seed(cfg.seed)  # the run's own initialisation, for `untrained`
     model = build_model(cfg, data)
     weights = RunDir(run_dir).best

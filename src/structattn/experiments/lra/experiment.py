@@ -25,6 +25,7 @@ from structattn.data import SequenceDataset, TaskData, load_task, pad_collate
 from structattn.engine import Experiment, FitResult, RunDir, build_dataclass, json_safe
 from structattn.engine.experiment import check_data_decided, check_run_data
 from structattn.errors import ConfigError, RunError
+from structattn.experiments import run_kind
 from structattn.hkt.model import SequenceClassifier, count_parameters
 from structattn.utils.fingerprint import fingerprint
 
@@ -128,8 +129,8 @@ class SequenceClassification(Experiment):
         self.data = data
 
     def build_data(self) -> None:
-        if self.data is None:
-            self.data = load_task(self.cfg.data)
+        if self.data is None:  # a resumed run's data folder may be a handed config's: read only
+            self.data = load_task(self.cfg.data, write_cache=not self.cfg.resume)
         for split in ("train", "val", "test"):
             if len(getattr(self.data, split)) == 0:
                 raise RunError(f"task {self.data.name}: the {split} split is empty "
@@ -194,6 +195,9 @@ def load_run_config(run_dir: Path) -> LRAConfig:
     rd = RunDir(run_dir)
     values = rd.read_config()
     values["resume"] = False
+    kind, command = run_kind(values)
+    if command != "structattn eval":
+        raise RunError(f"{run_dir} holds {kind}, not an HKT/MHA classifier: see `{command}`")
     try:
         return build_dataclass(LRAConfig, values)
     except ConfigError as err:
@@ -207,7 +211,7 @@ def evaluate_run(run_dir: Path, split: str = "test", data: TaskData | None = Non
         raise ConfigError(f"split must be train, val or test, got {split!r}")
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
-    data = data if data is not None else load_task(cfg.data)
+    data = data if data is not None else load_task(cfg.data, write_cache=False)
     check_run_data(run_dir, data_identity(data))
     if len(getattr(data, split)) == 0:
         raise RunError(f"the {split} split of {data.name} is empty")

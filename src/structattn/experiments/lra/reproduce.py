@@ -298,14 +298,18 @@ def summarise(
             if h and m and h["median_step_ms"] and m["median_step_ms"]:
                 ratios.append(h["median_step_ms"] / m["median_step_ms"])
         row["step_time_ratio"] = statistics.median(ratios) if ratios else None
-        row["diff_pp"] = row["hkt"]["mean"] - row["mha"]["mean"]
         row["comparisons"] = {}
         for other in (v for v in variants if v != "hkt"):
             both = [s for s in seeds if (task, "hkt", s) in finals and (task, other, s) in finals]
             a = [100 * finals[task, "hkt", s]["test_acc"] for s in both]
             b = [100 * finals[task, other, s]["test_acc"] for s in both]
             if both and None not in a + b:
-                row["comparisons"][f"hkt - {other}"] = paired_difference(a, b)
+                row["comparisons"][f"hkt - {other}"] = {**paired_difference(a, b), "seeds": both}
+        # the headline Δ pairs seeds too: a table read back from a folder may hold more seeds
+        # of one model than of the other
+        paired = row["comparisons"].get("hkt - mha")
+        row["diff_pp"] = paired["mean"] if paired else float("nan")
+        row["diff_seeds"] = paired["seeds"] if paired else []
         row["shallow"] = (shallow or {}).get(task, {})
         cue = row["shallow"].get("outermost_operator", {}).get("test")
         if cue is not None:  # ListOps: do the attention models clearly beat the cue?
@@ -357,7 +361,10 @@ def results_table(results: dict[str, Any]) -> str:
             if h["parameters"] and m["parameters"]
             else "-"
         )
-        diff = f"{r['diff_pp']:+.2f}" if h["test_acc"] and m["test_acc"] else "-"
+        paired = r.get("diff_seeds") if h["test_acc"] and m["test_acc"] else None
+        diff = f"{r['diff_pp']:+.2f}" if paired else "-"
+        if paired and not h["seeds"] == m["seeds"] == paired:
+            diff += f" (seeds {', '.join(map(str, paired))})"
         lines.append(
             f"| {task} | {data} | {r.get('seq_len') or '-'} "
             f"| {_acc_cell(h)} | {_acc_cell(m)} | {diff} "
@@ -369,8 +376,9 @@ def results_table(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"Paper data: {paper_data}; "
-        f"paper overhead {PAPER_OVERHEAD}x. Step time: median training-step time of HKT over "
-        "MHA, measured in this run (median over seeds). HKT κ: Mardia kurtosis index of the "
+        f"paper overhead {PAPER_OVERHEAD}x. Δ: HKT − MHA paired by seed, over the seeds both "
+        "models finished. Step time: median training-step time of HKT over MHA, measured in "
+        "this run (median over those seeds). HKT κ: Mardia kurtosis index of the "
         "per-level score vectors (1 for a Gaussian; the paper reports about 33 after training), "
         "reciprocity: symmetric share of the bilinear forms (`structattn diagnose`), means over "
         "layers, heads and seeds.",
@@ -434,7 +442,7 @@ def task_block(task: str, r: dict[str, Any], results: dict[str, Any]) -> list[st
         if below:
             text += (
                 f"; not clearly above it: {', '.join(below)}. A comparison involving those "
-                "models does not count."
+                "models does not count"
             )
         lines += ["", text + "."]
     sweep = results.get("lr_sweep", {}).get("tasks", {}).get(task)

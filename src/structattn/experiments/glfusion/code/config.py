@@ -9,7 +9,7 @@ from pathlib import Path
 from structattn.data.base import default_data_dir
 from structattn.engine.config import OptimConfig, RunConfig, TrainConfig, load_config
 
-from ..config import check_group_rates
+from ..config import absolute_paths, check_group_rates
 
 __all__ = ["GNN_MODELS", "MODELS", "CodeNamesConfig", "load_code_config"]
 
@@ -95,6 +95,7 @@ class CodeNamesConfig(RunConfig):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         check_group_rates(self)
+        absolute_paths(self, ("data_dir", "dataset_path", "llm", "encoder"))
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
