@@ -80,3 +80,20 @@ def test_a_state_file_of_the_older_format_with_numpy_arrays_still_loads(tmp_path
         _, state = load_latest_valid(tmp_path / "ckpt", _model())
     set_rng_state(state["rng"])
     assert np.random.rand() == expected
+
+
+def test_a_state_file_holding_an_unknown_object_names_it_in_one_line(tmp_path):
+    """Not code, only a type ``weights_only`` does not know (a numpy scalar): the warning names
+    the object, without torch's advice on how to load the file anyway."""
+    model = _model()
+    save_checkpoint(tmp_path / "ckpt", 1, model, {"rng": rng_state(), "best": {}})
+    save_checkpoint(tmp_path / "ckpt", 2, model, {"rng": rng_state(), "best": {}})
+    torch.save(
+        {"step": 2, "best": np.float64(0.5)}, tmp_path / "ckpt" / "step-00000002" / "state.pt"
+    )
+    with pytest.warns(RuntimeWarning, match="step-00000002 is damaged") as caught:
+        path, _ = load_latest_valid(tmp_path / "ckpt", _model())
+    message = str(caught[0].message)
+    assert path.name == "step-00000001" and "\n" not in message
+    assert "not training state: Unsupported global: GLOBAL numpy" in message
+    assert "weights_only" not in message and "(1)" not in message

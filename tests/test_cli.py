@@ -116,16 +116,19 @@ def test_internal_errors_keep_their_traceback(monkeypatch):
         main(["train", "--config", "listops-hkt", "--train.max-steps", "1"])
 
 
-@pytest.mark.parametrize("argv", [
-    ["reproduce", "--set", "train.max_steps=2", "--set", "train.batch_size=4"],
-    ["train", "--preset", "quick", "--train.max-steps=2", "--train.max-steps", "3"],
-    ["glfusion", "train", "--dataset", "wordnet", "--dataset", "wordnet"],
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["reproduce", "--set", "train.max_steps=2", "--set", "train.batch_size=4"], "--set"),
+    (["train", "--preset", "quick", "--train.max-steps=2", "--train.max-steps", "3"],
+     "--train.max-steps"),
+    (["glfusion", "train", "--dataset", "wordnet", "--dataset", "wordnet"], "--dataset"),
+    (["reproduce", "--out_dir", "elsewhere"], "--out-dir"),  # the same flag spelt with _
+    (["reproduce", "--progress", "--no-progress"], "--progress"),  # a switch and its negation
 ])  # fmt: skip
-def test_a_flag_given_twice_is_refused_instead_of_keeping_the_last(tmp_path, argv):
+def test_a_flag_given_twice_is_refused_instead_of_keeping_the_last(tmp_path, argv, flag):
     """``--set A --set B`` would silently drop ``A`` (the parser keeps the last): one line."""
-    with pytest.raises(SystemExit, match=f"{argv[-2].split('=')[0]} is given twice"):
+    with pytest.raises(SystemExit, match=f"{flag} is given twice"):
         main([*argv, "--out-dir" if argv[0] == "reproduce" else "--run-dir", str(tmp_path / "x")])
-    assert not (tmp_path / "x").exists()
+    assert not (tmp_path / "x").exists() and not (tmp_path / "elsewhere").exists()
 
 
 @pytest.mark.parametrize("preset", ["cpu", "cpu512"])

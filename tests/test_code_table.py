@@ -199,17 +199,21 @@ def test_generate_with_glfusion_matches_the_runs_own_prediction(tmp_path):
     final = train_code_names(cfg, _build(), progress=False, llm=llm, encoder=encoder)
     (want,) = [e for e in final["test_examples"] if e["true"] == ["load", "items"]]
     source = (FILES / "beta" / "shared.py").read_text()
+    theirs = sorted((tmp_path / "encodings").iterdir())  # the cache the run's config names
     for head in ("lm", "gnn"):
         llm, encoder = tiny_glfusion_models(tmp_path)  # the same base weights, untrained
         out = name_function(tmp_path / "run", source, "load_items", llm=llm, encoder=encoder,
-                            head=head)  # fmt: skip
+                            head=head, data_dir=tmp_path / "mine")  # fmt: skip
         assert out["head"] == head and out["true"] == ["load", "items"]
         assert out["model"] == "glfusion" and out["nodes"] > 1
         if head == final["head"]:
             assert out["predicted"] == want["predicted"]
+    # the new function's encodings go to the caller's folder, never the run's
+    assert sorted((tmp_path / "encodings").iterdir()) == theirs
+    assert any((tmp_path / "mine" / "encodings").iterdir())
     with pytest.raises(ConfigError, match="head must be"):
         name_function(tmp_path / "run", source, "load_items", llm=llm, encoder=encoder,
-                      head="both")  # fmt: skip
+                      head="both", data_dir=tmp_path / "mine")  # fmt: skip
 
 
 def test_cli_table_has_glfusion_and_every_baseline(setup, capsys):

@@ -94,3 +94,18 @@ def test_yaml_keys_a_mapping_cannot_hold_are_one_line(text, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_yaml(text)
+
+
+def test_a_run_saved_with_relative_paths_still_matches_its_config(tmp_path, monkeypatch):
+    """GL-Fusion configs keep their files as absolute paths; a run saved earlier with relative
+    ones is the same run when resumed from its working directory (and another file is not)."""
+    from structattn.engine.config import config_diff, config_to_dict
+    from structattn.experiments.glfusion import build_glfusion_config
+
+    monkeypatch.chdir(tmp_path)
+    paths = {"dataset": "file", "graph_path": "graph", "llm": "models/llm", "encoder": "~/enc"}
+    saved = {**config_to_dict(build_glfusion_config({})), **paths}  # as an earlier version wrote
+    current = config_to_dict(build_glfusion_config(saved))
+    assert current["llm"] == str(tmp_path / "models" / "llm")
+    assert config_diff(saved, current) == []
+    assert config_diff({**saved, "llm": "models/other"}, current) == ["llm"]

@@ -3,7 +3,14 @@
 __version__ = "0.1.0"
 
 import atexit as _atexit
+import sys as _sys
 
-from structattn.utils.files import remove_generated_modules as _remove_generated_modules
 
-_atexit.register(_remove_generated_modules)  # torch_geometric's generated propagate files
+def _remove_generated_modules() -> None:  # torch_geometric's generated propagate files
+    if "torch_geometric" in _sys.modules:
+        from structattn.utils.files import remove_generated_modules
+
+        remove_generated_modules()
+
+
+_atexit.register(_remove_generated_modules)

@@ -289,8 +289,11 @@ def _load_error(err: Exception) -> str:
     (never followed here: a state file is data)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if lines and lines[0].startswith("Weights only load failed"):
-        found = [line for line in lines[1:] if not line.startswith("Check the documentation")]
-        return f"it holds an object that is not training state: {' '.join(found)[:300]}"
+        advice = ("(1)", "(2)", "Check the documentation")
+        found = [line for line in lines[1:] if not line.startswith(advice)]
+        cause = " ".join(found).removeprefix("WeightsUnpickler error:").strip()
+        cause = cause.split(". ")[0].rstrip(".")  # the refused object, not how to allow it
+        return f"it holds an object that is not training state: {cause[:300]}"
     return f"{type(err).__name__}: {' '.join(lines)[:300]}"
 
 

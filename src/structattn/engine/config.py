@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -505,12 +506,22 @@ def config_diff(
     missing = object()
     changed = []
     for k in set(a) | set(b):
-        if a.get(k, missing) == b.get(k, missing):
+        if a.get(k, missing) == b.get(k, missing) or _same_path(a.get(k), b.get(k)):
             continue
         if k not in a and k in d and b.get(k, missing) == d[k]:
             continue
         changed.append(k)
     return sorted(changed)
+
+
+def _same_path(saved: Any, current: Any) -> bool:
+    """A relative path saved by an earlier version and the absolute path a config now keeps
+    for it: the same file when the relative one is read from the working directory."""
+    if not (isinstance(saved, str) and isinstance(current, str)):
+        return False
+    if os.path.isabs(saved) or not os.path.isabs(current):
+        return False
+    return str(Path(saved).expanduser().absolute()) == current
 
 
 def default_config(cls) -> dict[str, Any] | None:

@@ -205,7 +205,32 @@ class RunDir:
         if key in _HELD_LOCKS:
             return
         self.check_own_files()
-        created = not os.path.lexists(self.path / self.LOCK)
+        while True:
+            created = not os.path.lexists(self.path / self.LOCK)
+            fd = self._locked_fd(fcntl)
+            # a lock file removed (release_created_lock) between our open and our flock is
+            # not the folder's lock any more: take the one now on disk
+            if os.path.lexists(self.path / self.LOCK):
+                if os.fstat(fd).st_ino == os.lstat(self.path / self.LOCK).st_ino:
+                    break
+            os.close(fd)
+        try:  # a folder whose lock file exists may still refuse new files (read-only)
+            probe, probe_path = tempfile.mkstemp(
+                dir=self.path, prefix=".write-probe.", suffix=".tmp"
+            )
+            os.close(probe)
+            os.unlink(probe_path)
+        except OSError as err:
+            os.close(fd)
+            raise RunError(f"run_dir {self.path} cannot be written ({err.strerror})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD_LOCKS[key] = fd
+        if created:
+            _CREATED_LOCKS.add(key)
+
+    def _locked_fd(self, fcntl) -> int:
+        """``.lock`` opened (never through a link) and locked, or a RunError."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
@@ -221,20 +246,7 @@ class RunDir:
                 f"{self.path} is in use by another process (PID {holder}); one writer per "
                 "run folder: wait for it, or choose another run_dir"
             ) from None
-        try:  # a folder whose lock file exists may still refuse new files (read-only)
-            probe, probe_path = tempfile.mkstemp(
-                dir=self.path, prefix=".write-probe.", suffix=".tmp"
-            )
-            os.close(probe)
-            os.unlink(probe_path)
-        except OSError as err:
-            os.close(fd)
-            raise RunError(f"run_dir {self.path} cannot be written ({err.strerror})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        _HELD_LOCKS[key] = fd
-        if created:
-            _CREATED_LOCKS.add(key)
+        return fd
 
     def release_created_lock(self) -> None:
         """Let go of a lock this process took on a folder that had no ``.lock`` before, and

@@ -44,10 +44,6 @@ class PresetCommand:
     default_config: ClassVar[str]
     #: The :class:`~structattn.engine.RunConfig` subclass the file describes.
     config_class: ClassVar[type]
-    #: True where the config's top-level ``data_dir`` is a cache the run writes: resuming from
-    #: a run folder alone caches in the caller's data folder (``--data-dir`` or the default),
-    #: never in the folder a run's saved config names (the folder may have been handed over).
-    data_dir_is_cache: ClassVar[bool] = False
 
     config: str
     preset: str
@@ -61,11 +57,15 @@ class PresetCommand:
         saved = saved_run_config(args)
         if saved is not None:
             path, values = saved
-            if cls.data_dir_is_cache:
-                values["data_dir"] = None
+            values = cls.adopt_saved(values)
             return cls(str(path), SAVED_PRESET, build_dataclass(cls.config_class, values))
         config, preset = preset_from_args(args, cls.default_config)
         return cls(config, preset, load_config(cls.config_class, config, preset))
+
+    @classmethod
+    def adopt_saved(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """A run's saved config values as the defaults of a command continuing it (a hook)."""
+        return values
 
     def announce(self) -> None:
         """Say which file and preset the run uses (stderr)."""
@@ -138,7 +138,8 @@ def refuse_repeated_flags(args: list[str]) -> None:
             return
         if not arg.startswith("--"):
             continue
-        flag = arg.split("=", 1)[0]
+        flag = arg.split("=", 1)[0].replace("_", "-")  # --run_dir is --run-dir
+        flag = "--" + flag.removeprefix("--").removeprefix("no-")  # --no-x sets --x
         if flag in seen:
             raise ConfigError(
                 f"{flag} is given twice and only the last would count; give it once "

@@ -78,7 +78,15 @@ class Train(PresetCommand):
 
     default_config: ClassVar[str] = "glfusion"
     config_class: ClassVar[type] = GLFusionTrainConfig
-    data_dir_is_cache: ClassVar[bool] = True  # node-text encodings
+
+    @classmethod
+    def adopt_saved(cls, values: dict) -> dict:
+        """A graph of one's own is read from ``graph_path``, so the saved ``data_dir`` is only
+        where that run cached encodings: a run folder resumed alone caches in the caller's data
+        folder (``--data-dir`` or the default), never where a handed run's config points."""
+        if values.get("dataset") == "file":
+            values["data_dir"] = None
+        return values
 
     def run(self) -> None:
         from .report import results_table
@@ -260,6 +268,7 @@ class CodeGenerate:
     function: str  # the function's name, or Class.method
     dataset: Literal["code-names"] = "code-names"  # selects this command
     head: Literal["lm", "gnn"] | None = None  # GL-Fusion's head (default: the run's choice)
+    data_dir: Path | None = None  # your encodings cache (default $STRUCTATTN_DATA_DIR or ~/.cache)
 
     def run(self) -> None:
         from .code.generate import name_function
@@ -269,7 +278,7 @@ class CodeGenerate:
         except (OSError, UnicodeDecodeError) as err:
             raise ConfigError(f"--file {self.file}: cannot read it as UTF-8 text ({err})") from None
         print(json.dumps(name_function(self.run_dir, source, self.function, str(self.file),
-                                       head=self.head)))  # fmt: skip
+                                       head=self.head, data_dir=self.data_dir)))  # fmt: skip
 
 
 def _graph(path: Path | None):

@@ -58,12 +58,15 @@ def _run(run_dir: Path) -> tuple[RunDir, CodeNamesConfig, Vocabulary]:
 
 @torch.no_grad()
 def name_function(run_dir: str | Path, source: str, function: str, path: str = "<input>",
-                  llm=None, encoder=None, head: str | None = None) -> dict[str, Any]:  # fmt: skip
+                  llm=None, encoder=None, head: str | None = None,
+                  data_dir: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
     """The run's predicted sub-tokens for ``function`` of ``source``, beside its true name.
 
     ``head`` is ``"lm"`` or ``"gnn"`` for GL-Fusion (default: the head the run chose on
     validation); ``llm`` / ``encoder`` are ``(model, tokenizer)`` pairs (tests), else the run's
-    own load offline."""
+    own load offline. Node-text encodings are cached in ``data_dir`` (default
+    ``$STRUCTATTN_DATA_DIR`` or ``~/.cache/structattn``), the caller's own folder: never in the
+    ``data_dir`` of the run's config (a run folder may have been handed over)."""
     if head not in (None, "lm", "gnn"):
         raise ConfigError(f"head must be lm or gnn, got {head!r}")
     rd, cfg, vocab = _run(Path(run_dir))
@@ -89,7 +92,9 @@ def name_function(run_dir: str | Path, source: str, function: str, path: str = "
         batch = Batch.from_data_list([graph_data(ex, vocab, cfg.max_depth)])
         predicted, used = vocab.decode(model.predict_ids(batch)[0].tolist()), "gnn"
     else:
-        predicted, used = _llm_name(rd, cfg, vocab, ex, llm, encoder, head or final.get("head"))
+        predicted, used = _llm_name(
+            rd, cfg, vocab, ex, llm, encoder, head or final.get("head"), data_dir
+        )
     return {"function": ex.qualname, "true": ex.subtokens, "predicted": predicted,
             "model": cfg.model, "head": used, "nodes": ex.num_nodes}  # fmt: skip
 
@@ -101,7 +106,7 @@ def _load(rd: RunDir, model, partial: bool) -> None:
         raise RunError(f"{rd.path}: cannot load {rd.BEST} ({type(err).__name__}: {err})") from None
 
 
-def _llm_name(rd, cfg, vocab, ex, llm, encoder, head):
+def _llm_name(rd, cfg, vocab, ex, llm, encoder, head, data_dir):
     from structattn.data.base import default_data_dir
     from structattn.glfusion.loading import EncodingCache
 
@@ -120,7 +125,7 @@ def _llm_name(rd, cfg, vocab, ex, llm, encoder, head):
                           vocab.encode_target(ex.subtokens) if graph_mode else None)  # fmt: skip
     encode = None
     if graph_mode:
-        root = Path(cfg.data_dir) if cfg.data_dir is not None else default_data_dir()
+        root = Path(data_dir) if data_dir is not None else default_data_dir()
         encode = EncodingCache(root / "encodings", *parts.encoder, cfg.text_tokens).get
     b = collate_prompts([prompt], encode, with_targets=False, edge_features=cfg.edge_texts)
     if head == "gnn":
