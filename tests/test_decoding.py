@@ -383,3 +383,23 @@ def test_an_empty_batch_gives_empty_outputs_on_every_path():
     model = HKTForCausalLM(HKTLMConfig(vocab_size=20, max_len=32, d_model=16, n_heads=2))
     out = model.generate(none[:, :3], max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert out.shape == (0, 3)
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_decoding_under_bfloat16_autocast_follows_the_full_pass(hybrid):
+    """Under autocast the projections are bfloat16 while the layer is float32: the step falls
+    back from the one-dtype compiled step, and each decoded output matches the full pass's to
+    bfloat16 rounding (the prompt's outputs exactly)."""
+    from structattn.hkt.attention import EMPTY, HKTAttention, HKTConfig
+
+    torch.manual_seed(0)
+    layer = HKTAttention(HKTConfig(d_model=16, n_heads=2, n_levels=3, hybrid=hybrid)).eval()
+    with torch.no_grad():
+        layer.level_logits.normal_()
+    x = torch.randn(2, 40, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = layer(x)
+        prompt, cache = layer(x[:, :9], cache=EMPTY)
+        steps = [layer(x[:, t : t + 1], cache=cache)[0] for t in range(9, 40)]
+    assert torch.equal(prompt, full[:, :9])
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 9:], atol=4e-3, rtol=1e-2)

@@ -431,3 +431,25 @@ def test_recomputed_levels_keep_less_alive_in_a_training_step():
             layer(x.clone().requires_grad_(True)).square().sum().backward()
         peaks[recompute] = mem.peak_bytes
     assert peaks[True] < peaks[False]
+
+
+def test_under_autocast_no_float32_copy_of_the_input_stays_alive_for_backward():
+    """The projections and the level path share one bfloat16 copy of a float32 input, so the
+    input itself (a LayerNorm output in a block) is freed after the forward pass; the input's
+    gradient sums both paths in float32, and stays close to the float32 layer's."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    layer = make_layer(dtype=torch.float32).train()
+    x0 = _randn(2, 45, 16, dtype=torch.float32).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = x0 * 1.0  # a float32 activation, as a block's LayerNorm output under autocast
+        alive = StorageWeakRef(h.untyped_storage())
+        y = layer(h)
+    del h
+    assert alive.expired()
+    y.float().square().sum().backward()
+    assert x0.grad.dtype == torch.float32
+    reference = x0.detach().clone().requires_grad_(True)
+    layer(reference).square().sum().backward()
+    relative = (x0.grad - reference.grad).norm() / reference.grad.norm()
+    assert relative < 0.05  # bfloat16 products (about 3 significant digits) over 45 positions

@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .decoding.cache import HKTLayerCache
 from .decoding.step import decode, prefill
-from .downsample import CausalDepthwiseConv, CausalDownsample
+from .downsample import CausalDepthwiseConv, CausalDownsample, autocast_copy
 from .interface import ATTENTION_IMPLS, hkt_attention
 
 __all__ = ["EMPTY", "HKTConfig", "HKTAttention"]
@@ -262,8 +262,9 @@ class HKTAttention(nn.Module):
             if cache is not None:
                 raise ValueError("cannot prefill a cache with an empty prompt (T = 0)")
             return self.o_proj(self.v_proj(x))
-        xs = self.levels(x)
-        q, k, v_flat = self._project(xs)
+        x_proj, x_levels = autocast_copy(x)  # under autocast: one bfloat16 copy for both
+        xs = self.levels(x_levels)
+        q, k, v_flat = self._project([x_proj, *xs[1:]])
         lam = self.level_weights().to(x.dtype)  # (H, L)
         o = hkt_attention(
             q,

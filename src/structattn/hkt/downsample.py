@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 
 from .kernels.extension import cpu_kernel_for
 
-__all__ = ["CausalDownsample", "CausalDepthwiseConv"]
+__all__ = ["CausalDownsample", "CausalDepthwiseConv", "autocast_copy", "level_input"]
 
 
 def _conv_kernel(x: Tensor):
@@ -62,6 +62,54 @@ class _CompiledCausalConv(torch.autograd.Function):
 
 def _bias(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if bias is None else bias.to(dtype)
+
+
+def _autocast_dtype(x: Tensor) -> torch.dtype | None:
+    """The reduced dtype autocast gives a float32 ``x``'s matrix products, or None."""
+    kind = x.device.type
+    if x.dtype != torch.float32 or not torch.amp.is_autocast_available(kind):
+        return None
+    if not torch.is_autocast_enabled(kind):
+        return None
+    dtype = torch.get_autocast_dtype(kind)
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
+class _Fork(torch.autograd.Function):
+    """One reduced-precision copy of ``x`` read by two consumers: two outputs over one storage,
+    whose gradients are summed in ``x``'s dtype (autograd would sum them in the copy's)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        low = x.to(dtype)
+        return low, low.view_as(low)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_a, grad_b):
+        parts = [g.to(ctx.dtype) for g in (grad_a, grad_b) if g is not None]
+        return (parts[0] + parts[1] if len(parts) == 2 else parts[0]), None
+
+
+def autocast_copy(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(for_projections, for_levels)``: under autocast, one bfloat16 / float16 copy of a
+    float32 ``x`` shared by the layer's projections (autocast would make the same copy) and
+    its level path, so that no float32 ``x`` stays alive for backward; else ``(x, x)``."""
+    dtype = _autocast_dtype(x)
+    if dtype is None:
+        return x, x
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Fork.apply(x, dtype)
+    low = x.to(dtype)
+    return low, low
+
+
+def level_input(x: Tensor) -> Tensor:
+    """What the level path reads of ``x`` in :func:`autocast_copy`, in ``x``'s dtype (the
+    rounding is exact to widen): decoding rounds each new token as the full pass does."""
+    dtype = _autocast_dtype(x)
+    return x if dtype is None else x.to(dtype).to(x.dtype)
 
 
 class CausalDepthwiseConv(nn.Module):

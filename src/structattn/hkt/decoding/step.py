@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..downsample import level_input
 from ..kernels.extension import cpu_kernel_for
 from .cache import (
     DecodeWeights,
@@ -77,7 +78,8 @@ def _depthwise_last(inputs: Tensor, conv: nn.Conv1d) -> Tensor:
     hold the inputs ``t - k + 1 .. t`` it reads: ``(B, D)``."""
     w = conv.weight[:, 0, :].transpose(0, 1)  # (k, D)
     out = (inputs * w).sum(1)
-    return out if conv.bias is None else out + conv.bias
+    out = out if conv.bias is None else out + conv.bias
+    return out.to(inputs.dtype)  # as the full pass: computed in the weights' dtype, cast back
 
 
 def prefill(
@@ -100,7 +102,8 @@ def prefill(
         last_block = (lengths - 1) // s**l  # (B,) the current block of level l
         queries.append(q[l][bidx, :, last_block])  # (B, H, d)
         if l < cfg.n_levels - 1:  # inputs c*s - k + 1 .. c*s - 1 of level l+1's next token
-            windows.append(_tail(xs[l], -(-lengths // s**l), cfg.downsample_kernel - 1))
+            window = _tail(xs[l], -(-lengths // s**l), cfg.downsample_kernel - 1)
+            windows.append(window.to(layer.v_proj.weight.dtype))  # autocast's copy, widened
     conv_window = _tail(v_flat, lengths, cfg.conv_kernel - 1) if cfg.hybrid else None
     return HKTLayerCache(
         keys=[t.clone(memory_format=torch.contiguous_format) for t in k],
@@ -151,20 +154,23 @@ def step(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> Tensor:
         cache.params = None if live else params
     qkv = F.linear(x, params.weight, params.bias)  # level 0's Q, K, V: one GEMM
     aligned = one_length(n, n_max)
-    if aligned and not torch.is_grad_enabled() and layer.attn_drop_p() == 0:
+    # the compiled step computes in one dtype: not under autocast, whose GEMM made qkv bfloat16
+    one_dtype = qkv.dtype == x.dtype
+    if aligned and one_dtype and not torch.is_grad_enabled() and layer.attn_drop_p() == 0:
         kernel = _decode_kernel(layer, x)
         if kernel is not None:
             return step_cpp(layer, kernel, x, qkv, cache, n, n_max - 1, T0, params)
     coarse, w, beta = params.coarse, params.w, params.beta
     q0, k0, v = qkv.split(D, dim=-1)
+    tok = level_input(x)  # the level path's input, rounded under autocast as in the full pass
     values = grow(cache.values, T0)
     if aligned:
         p = n_max - 1
-        top = _new_coarse_tokens_aligned(layer, x, q0, k0, cache, p, T0, coarse)
+        top = _new_coarse_tokens_aligned(layer, tok, q0, k0, cache, p, T0, coarse)
         values[:, :, p] = v.view(B, H, d)
         n_used: Tensor | int = n_max  # one length: rows past it are sliced off, not masked
     else:
-        top = _new_coarse_tokens(layer, x, q0, k0, cache, pos, T0, coarse)
+        top = _new_coarse_tokens(layer, tok, q0, k0, cache, pos, T0, coarse)
         values[torch.arange(B, device=x.device), :, pos] = v.view(B, H, d)
         n_used = n
     cache.values = values
@@ -194,7 +200,7 @@ def step(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> Tensor:
         inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
         cache.conv_window = inputs[:, 1:]
         conv = _depthwise_last(inputs, layer.conv.conv)
-        o = torch.lerp(conv, o, beta)
+        o = torch.lerp(conv, o, beta.to(o.dtype))
     cache.lengths = n
     return layer.out_dropout(layer.o_proj(o))
 
