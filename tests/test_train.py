@@ -362,6 +362,11 @@ def test_diagnose_a_trained_run(lra_data_dir, tmp_path, capsys):
     assert "`softmax_rows`" in (run / "diagnostics" / "diagnostics.md").read_text()
     assert layer["kurtosis_candidates"]["levels_mardia"] == layer["kappa"]
     assert set(report["kurtosis_candidates"]) == set(dg.KURTOSIS_CANDIDATES)
+    # the paper's kappa by value is Mardia's b2,p itself: kappa times p(p+2) = 15 at L = 3
+    b2 = report["kurtosis_candidates"]["levels_mardia_b2"]
+    assert b2["gaussian"] == 15
+    assert b2["mean"] == pytest.approx(15 * report["summary"]["kappa_mean"])
+    assert report["summary"]["paper_kappa_mean"] == b2["mean"]
     # --untrained: the same configuration before training, into its own folder
     cli_main(["diagnose", str(run), "--sequences", "2", "--max-len", "24", "--untrained"])
     assert "`fused_pairs`" in capsys.readouterr().out

@@ -267,10 +267,15 @@ def kurtosis(values: Tensor, dim: int = -1) -> Tensor:
 #: Every reading of the paper's score kurtosis this project measures: name -> (what it is, its
 #: Gaussian value). The paper reports "kappa ~ 33 after training" (Gaussian 1); its definition
 #: is not in the text we have, so each plausible population and normalisation is reported.
-KURTOSIS_CANDIDATES: dict[str, tuple[str, float]] = {
+KURTOSIS_CANDIDATES: dict[str, tuple[str, float | None]] = {
     "levels_mardia": (
         "Mardia b2,p / p(p+2) of the per-level score vectors of the admissible pairs (p = L)",
         1.0,
+    ),
+    # the paper's kappa by its value: about 33 after training at T = 512 (Gaussian 15 at L = 3)
+    "levels_mardia_b2": (
+        "Mardia b2,p itself of the same vectors (Gaussian p(p+2), 15 at L = 3)",
+        None,  # p(p+2): depends on L
     ),
     "fused_pairs": (
         "kurtosis m4/m2^2 of the fused pre-softmax scores over all admissible pairs of a head",
