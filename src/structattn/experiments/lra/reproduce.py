@@ -378,8 +378,9 @@ def results_table(results: dict[str, Any]) -> str:
         f"Paper data: {paper_data}; "
         f"paper overhead {PAPER_OVERHEAD}x. Δ: HKT − MHA paired by seed, over the seeds both "
         "models finished. Step time: median training-step time of HKT over MHA, measured in "
-        "this run (median over those seeds). HKT κ: Mardia kurtosis index of the "
-        "per-level score vectors (1 for a Gaussian; the paper reports about 33 after training), "
+        "this run (median over those seeds). HKT κ: Mardia kurtosis index b₂,p / p(p+2) of "
+        "the per-level score vectors (1 for a Gaussian; the paper's κ ≈ 33 reads as b₂,p itself, "
+        "15 times this index at L = 3: docs/theory.md), "
         "reciprocity: symmetric share of the bilinear forms (`structattn diagnose`), means over "
         "layers, heads and seeds.",
     ]
