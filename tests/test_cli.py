@@ -123,6 +123,7 @@ def test_internal_errors_keep_their_traceback(monkeypatch):
     (["glfusion", "train", "--dataset", "wordnet", "--dataset", "wordnet"], "--dataset"),
     (["reproduce", "--out_dir", "elsewhere"], "--out-dir"),  # the same flag spelt with _
     (["reproduce", "--progress", "--no-progress"], "--progress"),  # a switch and its negation
+    (["train", "--preset", "quick", "--train.bf16", "--train.no-bf16"], "--train.bf16"),
 ])  # fmt: skip
 def test_a_flag_given_twice_is_refused_instead_of_keeping_the_last(tmp_path, argv, flag):
     """``--set A --set B`` would silently drop ``A`` (the parser keeps the last): one line."""
@@ -152,7 +153,9 @@ def test_reproduce_set_shrinks_a_run_to_seconds(lra_data_dir, tmp_path, capsys, 
         final = json.loads((out / preset / f"listops-{model}" / "seed0" / "final.json").read_text())
         assert final["steps"] == 2
     for bad, message in ((["train.max_steps"], "KEY=VALUE"), (["a..b=1"], "dotted key"),
-                         (["train=1", "train.x=2"], "used as a section"),
-                         (["train.max_steps=1", "train.max_steps=5"], "given twice")):  # fmt: skip
+                         (["train=1", "train.x=2"], "overlap"),
+                         (["train.max_steps=1", "train.max_steps=5"], "given twice"),
+                         (["train.max_steps=3", "train={max_steps: 2}"], "overlap"),
+                         (["train={max_steps: 2}", "train.max_steps=3"], "overlap")):  # fmt: skip
         with pytest.raises(SystemExit, match=message):
             main(["reproduce", "--tasks", "listops", "--out-dir", str(out), "--set", *bad])

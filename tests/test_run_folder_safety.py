@@ -199,6 +199,17 @@ def test_eval_diagnose_and_resume_read_a_handed_runs_data_folder_but_never_write
     capsys.readouterr()
 
 
+def test_a_damaged_best_file_is_refused_when_the_run_resumes(data_dir, tmp_path):
+    """Not after training to the end with a traceback: the best weights are lost, one line."""
+    run = tmp_path / "run"
+    train(tiny(data_dir, run, train={"stop_at": 2}), progress=False)
+    best = run / "best.safetensors"
+    best.write_bytes(best.read_bytes()[:100])
+    with pytest.raises(RunError, match="best.safetensors cannot be read.*--overwrite"):
+        train(tiny(data_dir, run, resume=True), progress=False)
+    assert not (run / "checkpoints" / "step-00000004").exists()
+
+
 def test_a_resumed_runs_wall_time_counts_every_segment(data_dir, tmp_path):
     import time
 

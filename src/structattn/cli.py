@@ -206,6 +206,12 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
             raise SystemExit(f"--set takes KEY=VALUE with a dotted key, got {item!r}")
         if tuple(parts) in seen:  # a second value would silently win
             raise SystemExit(f"--set {key.strip()} is given twice; give it once")
+        for other in seen:  # train=... and train.max_steps=...: one would replace the other
+            if other[: len(parts)] == tuple(parts) or tuple(parts[: len(other)]) == other:
+                raise SystemExit(
+                    f"--set {key.strip()} and {'.'.join(other)} overlap (one is inside the "
+                    "other); give each key once"
+                )
         seen.add(tuple(parts))
         try:
             value = parse_yaml(text, f"--set {key.strip()}")

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 from tqdm import tqdm
 
@@ -262,6 +263,20 @@ class Engine:
                       "select": self.select}  # fmt: skip
             atomic_save_weights(model, self.dir.best, self.only_trainable, metadata=record)
 
+    def _check_best(self) -> None:
+        """A damaged ``best.safetensors`` is refused when the run resumes, not after it has
+        trained to the end (the run's best weights are then lost: only a fresh start helps)."""
+        if not self.dir.best.is_file():
+            return
+        try:
+            weights_metadata(self.dir.best)
+            load_file(str(self.dir.best))
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise RunError(
+                f"--resume: {self.dir.best} cannot be read ({type(err).__name__}: {err}); the "
+                "run's best weights are lost: start it again with --overwrite"
+            ) from None
+
     def load_best(self, model: nn.Module) -> dict[str, Any] | None:
         """Load ``best.safetensors`` into ``model``; its record (``step``, ``value``; empty
         for files written before the record was kept), or ``None`` when there is no file."""
@@ -270,7 +285,7 @@ class Engine:
         try:
             load_weights(model, self.dir.best, partial=self.only_trainable)
             meta = weights_metadata(self.dir.best)
-        except (ValueError, OSError) as err:
+        except Exception as err:  # ValueError, OSError, safetensors' own errors
             raise RunError(f"{self.dir.best}: {err}") from None
         return best_record(meta, self.dir.best)
 
@@ -368,6 +383,7 @@ class Engine:
                 stacklevel=3,
             )
             return None
+        self._check_best()
         path, saved = self._load_latest(model)
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])

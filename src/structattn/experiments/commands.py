@@ -139,7 +139,8 @@ def refuse_repeated_flags(args: list[str]) -> None:
         if not arg.startswith("--"):
             continue
         flag = arg.split("=", 1)[0].replace("_", "-")  # --run_dir is --run-dir
-        flag = "--" + flag.removeprefix("--").removeprefix("no-")  # --no-x sets --x
+        *section, name = flag.removeprefix("--").split(".")
+        flag = "--" + ".".join([*section, name.removeprefix("no-")])  # --a.no-x sets --a.x
         if flag in seen:
             raise ConfigError(
                 f"{flag} is given twice and only the last would count; give it once "
