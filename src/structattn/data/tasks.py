@@ -166,7 +166,6 @@ def _listops(spec: TaskSpec, root: Path, write_cache: bool = True) -> TaskData:
             if write_cache:
                 for path, split in zip(paths, splits):
                     lo.write_listops_tsv(path, split)  # atomic, per-process temporary name
-                splits = [lo.read_listops_tsv(p) for p in paths]
         source = f"ListOps, own generator (LRA rules), lengths {spec.listops_min_length}-{T}"
     datasets = [
         _dataset([lo.encode_listops(s)[:T] for s, _ in split], [y for _, y in split])

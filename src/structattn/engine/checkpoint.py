@@ -285,8 +285,8 @@ def _load_state(state_file: Path) -> Any:
 
 def _load_error(err: Exception) -> str:
     """One line for an error of :func:`_load_state`: for an object ``weights_only`` refuses,
-    what was refused, without torch's advice to load the file with ``weights_only=False``
-    (never followed here: a state file is data)."""
+    what was refused, without torch's advice to turn the safe loading off (never followed here:
+    a state file is data)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if lines and lines[0].startswith("Weights only load failed"):
         advice = ("(1)", "(2)", "Check the documentation")

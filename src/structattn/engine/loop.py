@@ -269,7 +269,6 @@ class Engine:
         if not self.dir.best.is_file():
             return
         try:
-            weights_metadata(self.dir.best)
             load_file(str(self.dir.best))
         except Exception as err:  # safetensors raises its own error types for damaged files
             raise RunError(

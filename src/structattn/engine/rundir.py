@@ -196,7 +196,6 @@ class RunDir:
         """One writer per run folder: an advisory lock on ``.lock`` held for this process's
         life; a second process is refused naming the holder's PID. Runs one after another in
         one process share it. A path through a file is one error before anything is written."""
-        import fcntl
 
         for parent in (self.path, *self.path.parents):
             if parent.exists() and not parent.is_dir():
@@ -207,7 +206,7 @@ class RunDir:
         self.check_own_files()
         while True:
             created = not os.path.lexists(self.path / self.LOCK)
-            fd = self._locked_fd(fcntl)
+            fd = self._locked_fd()
             # a lock file removed (release_created_lock) between our open and our flock is
             # not the folder's lock any more: take the one now on disk
             if os.path.lexists(self.path / self.LOCK):
@@ -229,8 +228,10 @@ class RunDir:
         if created:
             _CREATED_LOCKS.add(key)
 
-    def _locked_fd(self, fcntl) -> int:
+    def _locked_fd(self) -> int:
         """``.lock`` opened (never through a link) and locked, or a RunError."""
+        import fcntl
+
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)

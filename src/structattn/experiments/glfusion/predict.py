@@ -13,7 +13,7 @@ from structattn.data.base import default_data_dir
 from structattn.data.graphs import TextAttributedGraph
 from structattn.engine import RunDir
 from structattn.errors import ConfigError, RunError
-from structattn.experiments import run_kind
+from structattn.experiments import check_run_kind
 from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
 from structattn.glfusion.modeling import GLFusionForCausalLM
 from structattn.glfusion.prompts import label_token_ids
@@ -35,9 +35,7 @@ def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
     """The config a GL-Fusion run was trained with (``config.yaml``); it must have ``best/``."""
     rd = RunDir(run_dir)
     values = rd.read_config()
-    kind, command = run_kind(values)
-    if command != "structattn glfusion predict":
-        raise RunError(f"{run_dir} holds {kind}, not a GL-Fusion node classifier: see `{command}`")
+    check_run_kind(run_dir, values, "glfusion", "a GL-Fusion node classifier")
     if not (rd.file(NodeClassification.BEST_MODEL) / "glfusion_config.json").is_file():
         raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
     values["resume"] = False

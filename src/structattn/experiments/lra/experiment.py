@@ -25,7 +25,7 @@ from structattn.data import SequenceDataset, TaskData, load_task, pad_collate
 from structattn.engine import Experiment, FitResult, RunDir, build_dataclass, json_safe
 from structattn.engine.experiment import check_data_decided, check_run_data
 from structattn.errors import ConfigError, RunError
-from structattn.experiments import run_kind
+from structattn.experiments import check_run_kind
 from structattn.hkt.model import SequenceClassifier, count_parameters
 from structattn.utils.fingerprint import fingerprint
 
@@ -195,9 +195,7 @@ def load_run_config(run_dir: Path) -> LRAConfig:
     rd = RunDir(run_dir)
     values = rd.read_config()
     values["resume"] = False
-    kind, command = run_kind(values)
-    if command != "structattn eval":
-        raise RunError(f"{run_dir} holds {kind}, not an HKT/MHA classifier: see `{command}`")
+    check_run_kind(run_dir, values, "lra", "an HKT/MHA classifier")
     try:
         return build_dataclass(LRAConfig, values)
     except ConfigError as err:
