@@ -43,7 +43,7 @@ def main() -> None:
 
     from structattn.data.base import default_data_dir
     from structattn.data.code import MAX_SUBTOKENS, load_code_names
-    from structattn.experiments.glfusion.code.llm import build_prompt, collate_prompts
+    from structattn.experiments.glfusion.code.llm import PromptSpec, build_prompt, collate_prompts
     from structattn.glfusion.configuration import GLFusionConfig
     from structattn.glfusion.loading import encode_texts, load_llm, load_text_encoder
     from structattn.glfusion.modeling import GLFusionForCausalLM
@@ -55,7 +55,8 @@ def main() -> None:
     n_layers = base.config.num_hidden_layers
     cfg = GLFusionConfig(text_dim=dim, num_node_classes=MAX_SUBTOKENS * 5002, edge_dim=dim,
                          message_passing_layers=list(range(0, n_layers, 4)),
-                         cross_attention_layers=list(range(3, n_layers, 4)))  # fmt: skip
+                         cross_attention_layers=list(range(3, n_layers, 4)),
+                         variant="paper")  # fmt: skip
     torch.manual_seed(0)
     model = GLFusionForCausalLM.from_base(base, cfg, tokenizer=tok).eval()
     with torch.no_grad():
@@ -64,6 +65,7 @@ def main() -> None:
                 p.fill_(0.5)
     c = model.config
     special = [c.graph_start_id, c.node_id, c.graph_end_id]
+    spec = PromptSpec(c.node_id, c.graph_start_id, c.graph_end_id, variant="paper")
     encode = lambda texts: encode_texts(texts, enc, enc_tok, 12, progress=False)  # noqa: E731
     exs = data.test[: args.functions]
     modes = {"graph": "glfusion", "tree-text": "llm-tree", "code": "llm-code"}
@@ -74,7 +76,7 @@ def main() -> None:
     with torch.no_grad():
         for ex in exs:
             for label, mode in modes.items():
-                p = build_prompt(ex, mode, tok, c.node_id, c.graph_start_id, c.graph_end_id)
+                p = build_prompt(ex, mode, tok, spec)
                 batch = collate_prompts([p], encode, with_targets=False)
                 ids, mask, graph = batch["input_ids"], batch["attention_mask"], batch.get("graph")
                 t0 = time.perf_counter()

@@ -151,8 +151,11 @@ def tiny_glfusion_base(layers=4, seed=0):
 
 
 def tiny_glfusion_lm(layers=4, seed=0, **cfg):
-    """A GL-Fusion model (float64, eval mode) on :func:`tiny_glfusion_base`, 3 node classes."""
+    """A GL-Fusion model (float64, eval mode) on :func:`tiny_glfusion_base`, 3 node classes; the
+    paper's form unless ``variant="gated"`` (the prompts of :func:`prompts` are the paper's)."""
     from structattn.glfusion import GLFusionConfig, GLFusionForCausalLM
+
+    cfg.setdefault("variant", "paper")
 
     base = tiny_glfusion_base(layers, seed)
     config = GLFusionConfig(text_dim=TEXT_DIM, num_node_classes=3, **cfg)

@@ -326,21 +326,49 @@ def _tiny_models(tmp_path):
 
 
 def test_prompts_of_each_llm_model(tmp_path):
-    from structattn.experiments.glfusion.code.llm import build_prompt, edge_lists
+    from structattn.experiments.glfusion.code.llm import (
+        ANSWER,
+        END,
+        PromptSpec,
+        build_prompt,
+        edge_lists,
+    )
 
     (llm, tok), _ = _tiny_models(tmp_path)
     ex = next(e for e in _build().train if e.qualname == "countDown")
-    g = build_prompt(ex, "glfusion", tok, node_id=900, graph_start=901, graph_end=902)
-    assert g.prompt_ids.count(900) == ex.num_nodes and g.texts == ex.node_texts()
+    spec = PromptSpec(node_id=900, graph_start=901, graph_end=902)
+    g = build_prompt(ex, "glfusion", tok, spec)
+    assert g.texts == ex.node_texts() and 900 not in g.prompt_ids and 901 not in g.prompt_ids
     edges, texts = edge_lists(ex)
     assert edges.shape == (2, 2 * len(ex.edges)) and (g.edge_index == edges).all()
     assert texts.count("child") == texts.count("parent") == ex.num_nodes - 1
     assert texts.count("next token") == texts.count("previous token") == len(ex.leaf_order()) - 1
-    for mode in ("llm-tree", "llm-code"):
-        p = build_prompt(ex, mode, tok, 900, 901, 902, max_prompt_tokens=20)
-        assert len(p.prompt_ids) <= 20 and p.texts is None and 900 not in p.prompt_ids
-    full = build_prompt(ex, "llm-code", tok, 900, 901, 902, max_prompt_tokens=10_000)
-    assert len(full.prompt_ids) > 20  # the cut above was real
+    # the gated prompt is the node-text prompt itself; each node's span is its own line
+    tree = build_prompt(ex, "llm-tree", tok, spec)
+    assert g.prompt_ids == tree.prompt_ids and g.target_ids == tree.target_ids
+    words = tok(" " + " ".join(ex.target), add_special_tokens=False)["input_ids"]
+    assert tree.target_ids == words + tok(END, add_special_tokens=False)["input_ids"]
+    cue = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    assert g.prompt_ids[-len(cue) :] == cue
+    newline = tok(END, add_special_tokens=False)["input_ids"]
+    for text, (a, b) in zip(ex.node_texts(), g.spans):
+        own = tok(text, add_special_tokens=False)["input_ids"][: spec.node_text_tokens - 1]
+        assert g.prompt_ids[a:b] == own + newline
+    for mode in ("llm-tree", "llm-code", "glfusion"):
+        small = PromptSpec(900, 901, 902, max_prompt_tokens=40)
+        p = build_prompt(ex, mode, tok, small)
+        assert len(p.prompt_ids) <= 40 and (p.texts is None) == (mode != "glfusion")
+        if mode == "glfusion":  # nodes past the budget leave the graph with their edges
+            n = len(p.spans)
+            assert 0 < n < ex.num_nodes and p.texts == ex.node_texts()[:n]
+            assert int(p.edge_index.max()) < n and len(p.edge_texts) == p.edge_index.shape[1]
+    full = build_prompt(ex, "llm-code", tok, PromptSpec(900, 901, 902, max_prompt_tokens=10_000))
+    assert len(full.prompt_ids) > 40  # the cut above was real
+    with pytest.raises(ValueError, match="holds no node"):
+        build_prompt(ex, "glfusion", tok, PromptSpec(900, 901, 902, max_prompt_tokens=20))
+    paper = build_prompt(ex, "glfusion", tok, PromptSpec(900, 901, 902, variant="paper"))
+    assert paper.prompt_ids.count(901) == 1 and paper.spans is None
+    assert paper.target_ids[-1] == tok.eos_token_id or tok.eos_token_id is None
 
 
 def test_generated_text_becomes_subtokens():

@@ -171,7 +171,7 @@ def test_build_glfusion_from_folders_and_the_stop_tokens(tmp_path):
     enc.save_pretrained(tmp_path / "enc")
     enc_tok.save_pretrained(tmp_path / "enc")
     parts = build_glfusion(tmp_path / "llm", tmp_path / "enc", num_node_classes=3, lora_r=2,
-                           text_tokens=6)  # fmt: skip
+                           text_tokens=6, variant="paper")  # fmt: skip
     assert parts.model.config.text_dim == enc.config.hidden_size == 16
     assert hasattr(parts.model.base, "peft_config")  # LoRA on the frozen base
     texts, masks = parts.encode(["alpha beta", "gamma"])

@@ -50,7 +50,7 @@ def _setup(tmp_path):
     tokenizer = word_tokenizer(tmp_path / "vocab.txt", words)
     base = tiny_llama(len(tokenizer))
     model = GLFusionForCausalLM.from_base(
-        base, GLFusionConfig(text_dim=6, num_node_classes=26), tokenizer=tokenizer
+        base, GLFusionConfig(text_dim=6, num_node_classes=26, variant="paper"), tokenizer=tokenizer
     )
     return graph, tokenizer, model
 

@@ -529,7 +529,7 @@ def test_edge_texts_become_edge_features_end_to_end(tmp_path):
     assert g.edge_text(u, v) == g.edge_texts[0] and g.edge_text(v, u).startswith("reverse: ")
     llm, encoder = tiny_glfusion_models(tmp_path)
     tok = llm[1]
-    ex = build_example(g, u, tok, GLFusionConfig(text_dim=16, num_node_classes=26),
+    ex = build_example(g, u, tok, GLFusionConfig(text_dim=16, num_node_classes=26, variant="paper"),
                        max_nodes=4, edge_texts=True)  # fmt: skip
     assert len(ex.edge_texts) == ex.edge_index.shape[1] > 0
     words = {"hypernym": 1.0, "reverse: hypernym": 2.0}

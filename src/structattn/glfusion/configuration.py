@@ -1,4 +1,15 @@
-"""Configuration of GL-Fusion (arXiv 2412.06849) on top of a Llama-architecture causal LM."""
+"""Configuration of GL-Fusion (arXiv 2412.06849) on top of a Llama-architecture causal LM.
+
+Two variants share the modules and differ in how the graph reaches the text:
+
+* ``gated`` (the default): the node texts are part of the prompt as plain text, and the node
+  tokens are hidden from it; graph information reaches the text only through tanh-gated
+  cross-attention from the text to the node-token states, whose output projection starts at 0.
+  As initialised, the model's logits on the text are exactly its base LLM's on that text.
+* ``paper``: the paper's form: node tokens carry the node texts (pooled encodings), the text
+  after the graph attends to them directly, and cross-attention reads the node texts' token
+  encodings.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +17,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["GLFusionConfig", "GRAPH_TOKENS"]
+__all__ = ["GLFusionConfig", "GRAPH_TOKENS", "VARIANTS"]
+
+#: The forms of GL-Fusion (see the module docstring).
+VARIANTS = ("gated", "paper")
 
 #: The special tokens of the prompt ``... <graph_start><node>...<node><graph_end> ...``.
 GRAPH_TOKENS = ("<graph_start>", "<node>", "<graph_end>")
@@ -29,6 +43,7 @@ class GLFusionConfig:
     message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update (not in paper)
     target_marker: bool = False  # a learned vector added to the target node's token (not in paper)
     extra: dict = field(default_factory=dict)  # free-form metadata saved with the model
+    variant: str = "gated"  # gated | paper (see the module docstring)
 
     def resolve(self, num_layers: int) -> GLFusionConfig:
         """Fill the default layer lists for a base with ``num_layers`` decoder layers and check
@@ -41,6 +56,10 @@ class GLFusionConfig:
             bad = [i for i in getattr(self, name) if not 0 <= i < num_layers]
             if bad:
                 raise ValueError(f"{name} {bad} out of range for a base with {num_layers} layers")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.variant == "gated":
+            self.message_passing_norm = True  # the gated form always normalises messages
         if self.text_dim < 1 or self.num_node_classes < 1 or self.edge_dim < 0:
             raise ValueError("text_dim and num_node_classes must be >= 1, edge_dim >= 0")
         return self
@@ -50,5 +69,8 @@ class GLFusionConfig:
 
     @classmethod
     def load(cls, path: Path) -> GLFusionConfig:
-        """Read a saved config; options added since it was written take their defaults."""
-        return cls(**json.loads(Path(path).read_text()))
+        """Read a saved config; options added since it was written take their defaults, except
+        ``variant``: a config saved before the gated form existed is the paper's form."""
+        values = json.loads(Path(path).read_text())
+        values.setdefault("variant", "paper")
+        return cls(**values)

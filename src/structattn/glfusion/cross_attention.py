@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
-__all__ = ["GraphTextCrossAttention"]
+__all__ = ["GraphTextCrossAttention", "NodeStateCrossAttention"]
 
 
 class GraphTextCrossAttention(nn.Module):
@@ -181,3 +181,58 @@ class GraphTextCrossAttention(nn.Module):
         return (after[:, :, None] & node_valid[:, None, :]) | (
             node_of_pos[:, :, None] == nodes[None, None, :]
         )
+
+
+class NodeStateCrossAttention(nn.Module):
+    """The gated form's cross-attention: text after its graph reads the graph's node-token states.
+
+    ``h <- h + tanh(g) * W_o(attention(q(norm h), k(norm n), v(norm n)))`` over the nodes ``n``
+    of the position's graph, only at positions after the graph (others add 0). ``W_o`` starts
+    at 0 and ``g`` at 1, so the text is the base LLM's until ``W_o`` learns (the Flamingo rule:
+    the graph reaches the text only through this gated path).
+
+    Args:
+        hidden_size: ``D`` of the LM.
+        num_heads: attention heads (``D % num_heads == 0``).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int = 4):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.norm = nn.LayerNorm(hidden_size)
+        self.node_norm = nn.LayerNorm(hidden_size)
+        self.query = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.key = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.value = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=False)
+        nn.init.zeros_(self.out.weight)
+        self.gate = nn.Parameter(torch.ones(()))
+
+    def project_nodes(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``(M, D)`` of the node-token states ``nodes (M, D)``."""
+        n = self.node_norm(nodes)
+        return self.key(n), self.value(n)
+
+    def forward(
+        self, hidden: Tensor, node_kv: tuple[Tensor, Tensor], node_batch: Tensor, reads: Tensor
+    ) -> Tensor:
+        """``hidden (B, S, D)``; ``node_kv``: :meth:`project_nodes` of the batch's node states;
+        ``node_batch (M,)`` each node's sequence; ``reads (B, S)`` bool: the positions after
+        their graph, which read every node of it."""
+        B, S, D = hidden.shape
+        H, hd = self.num_heads, D // self.num_heads
+        rows, cols = torch.nonzero(reads, as_tuple=True)
+        if rows.numel() == 0:
+            return hidden
+        k, v = node_kv
+        k, valid = to_dense_batch(k, node_batch, batch_size=B)  # (B, Nmax, D), (B, Nmax)
+        v, _ = to_dense_batch(v, node_batch, batch_size=B)
+        q = self.query(self.norm(hidden[rows, cols])).view(-1, H, hd)  # (A, H, hd)
+        kr, vr = k[rows].view(rows.numel(), -1, H, hd), v[rows].view(rows.numel(), -1, H, hd)
+        scores = torch.einsum("ahd,anhd->ahn", q, kr) / math.sqrt(hd)
+        scores = scores.masked_fill(~valid[rows][:, None], torch.finfo(scores.dtype).min)
+        read = torch.einsum("ahn,anhd->ahd", scores.softmax(-1), vr).reshape(-1, D)
+        update = torch.tanh(self.gate) * self.out(read)
+        return hidden.index_put((rows, cols), update.to(hidden.dtype), accumulate=True)

@@ -39,6 +39,15 @@ def _edge_index(ei, b: int, n: int) -> Tensor:
     return ei
 
 
+def _spans(spans, b: int, n: int) -> Tensor:
+    """Graph ``b``'s text spans as ``(n, 2)`` long."""
+    spans = torch.as_tensor(spans)
+    if torch.is_floating_point(spans) or tuple(spans.shape) != (n, 2):
+        raise ValueError(f"graph {b}: text_spans must be ({n}, 2) integer columns, "
+                         f"got {spans.dtype} {tuple(spans.shape)}")  # fmt: skip
+    return spans.long()
+
+
 @dataclass
 class GraphBatch:
     """Shapes: ``M`` nodes in the batch, ``E`` edges, ``Lt`` node-text tokens, ``B`` sequences.
@@ -49,6 +58,9 @@ class GraphBatch:
     node_batch:     (M,) long, the sequence each node belongs to (non-decreasing)
     edge_attr:      (E, edge_dim) or None
     target_nodes:   (B,) long global index of each sequence's target node, or None
+    text_spans:     (M, 2) long ``[start, end)`` columns of each node's text in its prompt (the
+                    gated form, whose prompts hold the node texts instead of node tokens; the
+                    text's last token is then the node's slot), or None
     """
 
     node_text: Tensor
@@ -57,6 +69,7 @@ class GraphBatch:
     node_batch: Tensor
     edge_attr: Tensor | None = None
     target_nodes: Tensor | None = None
+    text_spans: Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -71,6 +84,7 @@ class GraphBatch:
             move(self.node_batch),
             move(self.edge_attr),
             move(self.target_nodes),
+            move(self.text_spans),
         )
 
     @classmethod
@@ -80,11 +94,13 @@ class GraphBatch:
         edge_indices: Sequence[Tensor | None],
         edge_attrs: Sequence[Tensor | None] | None = None,
         targets: Sequence[int | None] | None = None,
+        text_spans: Sequence[Tensor | None] | None = None,
     ) -> GraphBatch:
         """Collate per-sequence graphs: ``node_texts[b]`` is ``(n_b, L_b, text_dim)`` (or a list
         of ``(L, text_dim)`` tensors of varied length), ``edge_indices[b]`` local ``(2, E_b)``
         (source row first, as in PyG; an ``(E, 2)`` edge list must be transposed), ``targets[b]``
-        the local index of the target node.
+        the local index of the target node, ``text_spans[b]`` ``(n_b, 2)`` the ``[start, end)``
+        columns of each node's text in prompt ``b`` (the gated form).
 
         A sequence without a graph (plain text in a mixed batch) has ``node_texts[b] = None``,
         ``edge_indices[b] = None`` and ``targets[b] = None`` (its target is then -1)."""
@@ -92,10 +108,11 @@ class GraphBatch:
             raise ValueError(
                 f"{len(node_texts)} node-text entries but {len(edge_indices)} edge indices"
             )
-        for name, seq in (("edge_attrs", edge_attrs), ("targets", targets)):
+        for name, seq in (("edge_attrs", edge_attrs), ("targets", targets),
+                          ("text_spans", text_spans)):  # fmt: skip
             if seq is not None and len(seq) != len(node_texts):
                 raise ValueError(f"{name} has {len(seq)} entries for {len(node_texts)} sequences")
-        texts, batch, edges, attrs, offset, target_list = [], [], [], [], 0, []
+        texts, batch, edges, attrs, offset, target_list, spans = [], [], [], [], 0, [], []
         for b, (nt, ei) in enumerate(zip(node_texts, edge_indices)):
             if nt is None:
                 if ei is not None and torch.as_tensor(ei).numel():
@@ -133,6 +150,8 @@ class GraphBatch:
                 if t is None or not 0 <= int(t) < n:
                     raise ValueError(f"graph {b}: target {t} is not a node index in 0..{n - 1}")
                 target_list.append(offset + int(t))
+            if text_spans is not None:
+                spans.append(_spans(text_spans[b], b, n))
             offset += n
         if not texts:
             raise ValueError("no sequence of the batch has a graph (no nodes)")
@@ -149,10 +168,12 @@ class GraphBatch:
             torch.cat(batch),
             torch.cat(attrs) if edge_attrs is not None else None,
             torch.tensor(target_list) if targets is not None else None,
+            torch.cat(spans) if text_spans is not None else None,
         )
 
     def validate(self, input_ids: Tensor, node_token_id: int) -> Tensor:
-        """Check the batch against the prompts; return the node tokens' ``(M, 2)`` (b, pos)."""
+        """Check the batch against the prompts; return each node's slot ``(M, 2)`` (b, pos):
+        its node token, or with ``text_spans`` its text's last token."""
         B = input_ids.shape[0]
         M = self.num_nodes
         if M == 0:
@@ -182,18 +203,21 @@ class GraphBatch:
             raise ValueError(
                 "node_batch must be (M,) and non-decreasing (nodes grouped by sequence)"
             )
-        slots = torch.nonzero(input_ids == node_token_id)  # (M', 2) sorted by (b, pos)
-        per_seq_tokens = torch.bincount(slots[:, 0], minlength=B)
         per_seq_nodes = torch.bincount(self.node_batch, minlength=B)
         if per_seq_nodes.numel() > B:
             raise ValueError(
                 f"node_batch names sequence {per_seq_nodes.numel() - 1} of a batch of {B}"
             )
-        if not torch.equal(per_seq_tokens, per_seq_nodes):
-            raise ValueError(
-                f"node count != <node> tokens per sequence: nodes {per_seq_nodes.tolist()}, "
-                f"tokens {per_seq_tokens.tolist()}"
-            )
+        if self.text_spans is not None:
+            slots = self._span_slots(input_ids, node_token_id)
+        else:
+            slots = torch.nonzero(input_ids == node_token_id)  # (M', 2) sorted by (b, pos)
+            per_seq_tokens = torch.bincount(slots[:, 0], minlength=B)
+            if not torch.equal(per_seq_tokens, per_seq_nodes):
+                raise ValueError(
+                    f"node count != <node> tokens per sequence: nodes {per_seq_nodes.tolist()}, "
+                    f"tokens {per_seq_tokens.tolist()}"
+                )
         if self.target_nodes is not None:
             t = self.target_nodes
             no_graph = per_seq_nodes[:B] == 0
@@ -208,3 +232,27 @@ class GraphBatch:
                     "of its own nodes (-1 for a sequence without a graph)"
                 )
         return slots
+
+    def _span_slots(self, input_ids: Tensor, node_token_id: int) -> Tensor:
+        """Prompts that hold every node's text (``text_spans``) and no node token: each node's
+        slot ``(M, 2)``, the (row, column) of its text's last token. Spans must be non-empty,
+        inside their prompt and must not overlap."""
+        B, S = input_ids.shape
+        M = self.num_nodes
+        spans = self.text_spans
+        if tuple(spans.shape) != (M, 2):
+            raise ValueError(f"text_spans must be (M, 2) = ({M}, 2), got {tuple(spans.shape)}")
+        if bool((input_ids == node_token_id).any()):
+            raise ValueError("prompts with text_spans hold the node texts, not <node> tokens")
+        start, end = spans[:, 0], spans[:, 1]
+        if bool(((start < 0) | (end <= start) | (end > S)).any()):
+            raise ValueError(f"text_spans must be non-empty [start, end) columns in 0..{S}")
+        lengths = end - start
+        rows = self.node_batch.repeat_interleave(lengths)
+        offsets = torch.arange(rows.numel(), device=spans.device) - (
+            torch.cumsum(lengths, 0) - lengths
+        ).repeat_interleave(lengths)
+        cols = start.repeat_interleave(lengths) + offsets
+        if torch.unique(rows * S + cols).numel() != rows.numel():
+            raise ValueError("text_spans overlap: a column holds the text of two nodes")
+        return torch.stack([self.node_batch, end - 1], dim=1)

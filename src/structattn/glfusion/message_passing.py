@@ -8,6 +8,9 @@ For node ``u`` with in-neighbours ``v`` (edges ``v -> u``) and edge embeddings `
 
 With ``norm=True`` (this project's recipe, not the paper's) a LayerNorm normalises
 ``[h_u, agg_u]`` before the update: LLM hidden states are large and uneven across channels.
+With ``zero_update=True`` (the gated form) the update's weights start at 0 and the gate at 1,
+as LoRA starts its second matrix at 0: the step is the identity at first and every weight of
+the update learns at the modules' rate (a closed scalar gate opens only by about lr per step).
 
 Vectorised over every graph of the batch (global node indices, no Python loop over nodes).
 Shapes: ``h (M, D)``, ``edge_index (2, E)``, ``edge_attr (E, edge_dim)`` or None -> ``(M, D)``.
@@ -29,9 +32,12 @@ class NodeMessagePassing(nn.Module):
         hidden_size: ``D`` of the LM.
         edge_dim: width of edge features; 0 = one learned edge embedding shared by all edges.
         norm: LayerNorm on ``[h, agg]`` before the update.
+        zero_update: the update starts at 0 and the gate at 1 (see module docstring).
     """
 
-    def __init__(self, hidden_size: int, edge_dim: int = 0, norm: bool = False):
+    def __init__(
+        self, hidden_size: int, edge_dim: int = 0, norm: bool = False, zero_update: bool = False
+    ):
         super().__init__()
         self.edge_dim = edge_dim
         if edge_dim > 0:
@@ -42,6 +48,10 @@ class NodeMessagePassing(nn.Module):
         self.norm = nn.LayerNorm(4 * hidden_size) if norm else None
         self.update = nn.Linear(4 * hidden_size, hidden_size)
         self.gate = nn.Parameter(torch.zeros(()))
+        if zero_update:
+            nn.init.zeros_(self.update.weight)
+            nn.init.zeros_(self.update.bias)
+            nn.init.ones_(self.gate)
 
     def edge_embeddings(self, num_edges: int, edge_attr: Tensor | None, like: Tensor) -> Tensor:
         if self.edge_dim > 0:

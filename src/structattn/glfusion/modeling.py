@@ -1,18 +1,29 @@
 """GL-Fusion (arXiv 2412.06849): a Llama-architecture causal LM made graph-aware from inside.
 
-The prompt holds ``<graph_start> <node> ... <node> <graph_end>``; each ``<node>`` token's input
-embedding is its node text's pooled encoding through a learned projection, all node tokens share
-one position id, and the structure-aware mask (:mod:`.masking`) lets node tokens see the text
-before the graph and each other. Inside the decoder, after configured layers, message passing
-(:class:`NodeMessagePassing`) updates the node tokens' states and graph-text cross-attention
-(:class:`GraphTextCrossAttention`) reads the full node texts; both enter through gates that
-start at 0. A GNN head over the final node-token states and the LM head form the twin predictor,
-trained with ``CE(GNN) + CE(LM)``.
+The prompt holds node tokens, one per node of the graph. Inside the decoder, after configured
+layers, message passing (:class:`NodeMessagePassing`) updates the node tokens' states and
+cross-attention carries graph information to the text; a GNN head over the final node-token
+states and the LM head form the twin predictor, trained with ``CE(GNN) + CE(LM)``. Two forms
+(:data:`~.configuration.VARIANTS`):
 
-The base model is untouched: the GL-Fusion modules live beside it (``glf_*`` names, outside the
-base, so LoRA's module matching never reaches them) and act after each decoder layer, whose
-forward is wrapped to take the pass's :class:`GraphPass` as a keyword and does nothing without
-one. With no graph, outputs are exactly the base model's.
+* ``gated`` (default): the prompt also holds every node's text as plain text; the node tokens
+  (``<node> ...`` after the node texts) read the instruction, their own node's text and each
+  other, and the text never attends to them (:func:`.masking.build_gated_mask`). Text after the
+  graph reads the node-token states through gated cross-attention
+  (:class:`NodeStateCrossAttention`), whose output starts at 0: as initialised, the logits of
+  the text are exactly the base LLM's on the same prompt without the node tokens.
+* ``paper``: ``<graph_start> <node> ... <graph_end>``; each ``<node>`` token's input embedding
+  is its node text's pooled encoding through a learned projection, node tokens share one
+  position, the structure-aware mask lets node tokens see the text before the graph and each
+  other, text after the graph attends to them, and cross-attention
+  (:class:`GraphTextCrossAttention`) reads the node texts' token encodings.
+
+The base model's weights are untouched: the GL-Fusion modules live beside it (``glf_*`` names,
+outside the base, so LoRA's module matching never reaches them). Each decoder layer becomes a
+:class:`GraphAwareLayer` (its class is swapped for a subclass; parameter names are unchanged)
+whose forward runs base layer -> message passing -> cross-attention when the pass's
+:class:`GraphPass` comes with it, and the base layer alone otherwise. With no graph, outputs
+are exactly the base model's.
 
 One method per purpose: :meth:`~GLFusionForCausalLM.forward` is the training pass (losses, the
 transformers contract), :meth:`~GLFusionForCausalLM.node_logits` the GNN head,
@@ -24,7 +35,6 @@ transformers contract), :meth:`~GLFusionForCausalLM.node_logits` the GNN head,
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +44,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .configuration import GRAPH_TOKENS, GLFusionConfig
-from .cross_attention import GraphTextCrossAttention
+from .cross_attention import GraphTextCrossAttention, NodeStateCrossAttention
 from .graph import GraphBatch
 from .loading import quiet_library_warnings
 from .masking import build_structure_mask, node_position_ids, to_additive_mask
@@ -43,6 +53,7 @@ from .message_passing import NodeMessagePassing
 __all__ = [
     "GLFusionForCausalLM",
     "GLFusionOutput",
+    "GraphAwareLayer",
     "GraphPass",
     "add_graph_tokens",
     "apply_lora",
@@ -66,14 +77,19 @@ class GraphPass:
     norm's output (``final_hidden``, for the GNN head); a decoding step (``after_graph`` set)
     only cross-attends from the new text tokens."""
 
+    model: GLFusionForCausalLM  # whose message passing and cross-attention the layers run
     graph: GraphBatch
     slots: Tensor  # (M, 2) (row, column) of each node token; empty while decoding
     attention_mask: Tensor | None = None  # (B, S) of the prompt
     after_graph: Tensor | None = None  # (B,) bool, decoding: the row's new tokens follow a graph
     final_hidden: Tensor | None = None  # (B, S, D) the final norm's output, set during the pass
-    #: decoding: each cross-attention layer's keys and values of the node texts, projected at
-    #: the first new token and reused by the next ones (the node texts do not change)
-    text_kv: dict[str, tuple[Tensor, Tensor]] | None = None
+    #: what each cross-attention layer reads, kept for decoding (the graph does not change
+    #: while text is generated): the paper's form projects the node texts' keys and values at
+    #: the first new token; the gated form keeps its node states' keys and values from the
+    #: prompt pass
+    memory: dict[str, tuple[Tensor, Tensor]] | None = None
+    #: (B, S) bool, the gated form's prompt pass: the text positions after their graph
+    reads: Tensor | None = None
 
     @property
     def decoding(self) -> bool:
@@ -82,6 +98,42 @@ class GraphPass:
     def keep_final(self, module: nn.Module, args, output: Tensor) -> None:
         """Forward hook of the base's final norm for the length of one pass."""
         self.final_hidden = output
+
+    def message_passing(self, index: int, hidden: Tensor) -> Tensor:
+        return self.model._message_passing(index, self, hidden)
+
+    def cross_attention(self, index: int, hidden: Tensor) -> Tensor:
+        return self.model._cross_attention(index, self, hidden)
+
+
+class GraphAwareLayer:
+    """A decoder layer of the base that runs GL-Fusion's paths after itself: base layer ->
+    message passing -> cross-attention (each where configured for layer ``glf_index``). A base
+    layer's class is swapped for ``GraphAware<its class>`` (:func:`_make_graph_aware`), so its
+    parameters keep their names (LoRA adapters and saved runs are unaffected)."""
+
+    glf_index: int
+
+    def forward(self, *args, glf_pass: GraphPass | None = None, **kwargs):
+        output = super().forward(*args, **kwargs)
+        if glf_pass is None:
+            return output
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden = glf_pass.message_passing(self.glf_index, hidden)
+        hidden = glf_pass.cross_attention(self.glf_index, hidden)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
+_GRAPH_AWARE: dict[type, type] = {}
+
+
+def _make_graph_aware(layer: nn.Module, index: int) -> None:
+    cls = type(layer)
+    if not issubclass(cls, GraphAwareLayer):
+        if cls not in _GRAPH_AWARE:
+            _GRAPH_AWARE[cls] = type(f"GraphAware{cls.__name__}", (GraphAwareLayer, cls), {})
+        layer.__class__ = _GRAPH_AWARE[cls]
+    layer.glf_index = index
 
 
 def _mean_ce(logits: Tensor, labels: Tensor) -> Tensor:
@@ -120,29 +172,34 @@ class GLFusionForCausalLM(nn.Module):
         self.base = base
         self.config = config.resolve(inner.config.num_hidden_layers)
         D = inner.config.hidden_size
+        gated = self.config.variant == "gated"
         self.glf_node_proj = nn.Linear(config.text_dim, D)
         emb = inner.get_input_embeddings().weight.detach()
         self.glf_graph_tokens = nn.Parameter(emb.mean(0).repeat(2, 1).clone())  # start, end
+        if gated:  # added to the input of each node's slot, from 0
+            nn.init.zeros_(self.glf_node_proj.weight)
+            nn.init.zeros_(self.glf_node_proj.bias)
         self.glf_message_passing = nn.ModuleDict(
             {
-                str(i): NodeMessagePassing(D, config.edge_dim, config.message_passing_norm)
+                str(i): NodeMessagePassing(
+                    D, config.edge_dim, config.message_passing_norm, zero_update=gated
+                )
                 for i in self.config.message_passing_layers
             }
         )
         self.glf_cross_attention = nn.ModuleDict(
             {
-                str(i): GraphTextCrossAttention(D, config.text_dim, config.cross_attention_heads)
+                str(i): NodeStateCrossAttention(D, config.cross_attention_heads)
+                if gated
+                else GraphTextCrossAttention(D, config.text_dim, config.cross_attention_heads)
                 for i in self.config.cross_attention_layers
             }
         )
         self.glf_gnn_head = nn.Linear(D, config.num_node_classes)
         if config.target_marker:  # zero at init: the prompt means what it meant without it
             self.glf_target_marker = nn.Parameter(torch.zeros(D))
-        # Each decoder layer's forward is wrapped (as accelerate's hooks wrap forwards) to take a
-        # GraphPass keyword and run message passing and cross-attention after the layer. The
-        # wrapper is a partial of a bound method, so a deep copy of the model wraps the copy.
         for i, layer in enumerate(inner.model.layers):
-            layer.forward = functools.partial(self._layer_forward, i, layer.forward)
+            _make_graph_aware(layer, i)
         self.to(emb.device, emb.dtype)
 
     # ------------------------------------------------------------------ construction
@@ -169,39 +226,44 @@ class GLFusionForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ inside the layers
 
-    def _layer_forward(self, index: int, forward, *args, glf_pass: GraphPass | None = None, **kw):
-        output = forward(*args, **kw)
-        if glf_pass is None:
-            return output
-        hidden = output[0] if isinstance(output, tuple) else output
-        hidden = self._graph_update(index, glf_pass, hidden)
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+    @property
+    def gated(self) -> bool:
+        return self.config.variant == "gated"
 
-    def _graph_update(self, index: int, p: GraphPass, hidden: Tensor) -> Tensor:
-        """Message passing, then cross-attention, after decoder layer ``index`` (where set)."""
-        key, graph, slots = str(index), p.graph, p.slots
-        if key in self.glf_message_passing and not p.decoding:  # decoding: no node token
-            nodes = hidden[slots[:, 0], slots[:, 1]]  # (M, D)
-            nodes = self.glf_message_passing[key](nodes, graph.edge_index, graph.edge_attr)
-            hidden = hidden.index_put((slots[:, 0], slots[:, 1]), nodes)
-        if key in self.glf_cross_attention:
-            layer = self.glf_cross_attention[key]
-            kv = None
-            if p.text_kv is not None:
-                if key not in p.text_kv:
-                    p.text_kv[key] = layer.project_text(graph.node_text, hidden.dtype)
-                kv = p.text_kv[key]
-            hidden = layer(
-                hidden,
-                graph.node_text,
-                graph.node_text_mask,
-                graph.node_batch,
-                slots,
-                p.attention_mask,
-                after_graph=p.after_graph,
-                text_kv=kv,
-            )
-        return hidden
+    def _message_passing(self, index: int, p: GraphPass, hidden: Tensor) -> Tensor:
+        """Message passing over the node tokens' states after decoder layer ``index`` (where
+        set; decoding has no node token)."""
+        key = str(index)
+        if key not in self.glf_message_passing or p.decoding:
+            return hidden
+        rows, cols = p.slots[:, 0], p.slots[:, 1]
+        nodes = self.glf_message_passing[key](hidden[rows, cols], p.graph.edge_index,
+                                              p.graph.edge_attr)  # fmt: skip
+        return hidden.index_put((rows, cols), nodes)
+
+    def _cross_attention(self, index: int, p: GraphPass, hidden: Tensor) -> Tensor:
+        """Cross-attention after decoder layer ``index`` (where set)."""
+        key, graph = str(index), p.graph
+        if key not in self.glf_cross_attention:
+            return hidden
+        layer = self.glf_cross_attention[key]
+        if self.gated:
+            if p.decoding:
+                kv = p.memory[key]
+                reads = p.after_graph.to(hidden.device)[:, None].expand(hidden.shape[:2])
+            else:
+                kv = layer.project_nodes(hidden[p.slots[:, 0], p.slots[:, 1]])
+                if p.memory is not None:
+                    p.memory[key] = kv
+                reads = p.reads
+            return layer(hidden, kv, graph.node_batch, reads)
+        kv = None
+        if p.memory is not None:
+            if key not in p.memory:
+                p.memory[key] = layer.project_text(graph.node_text, hidden.dtype)
+            kv = p.memory[key]
+        return layer(hidden, graph.node_text, graph.node_text_mask, graph.node_batch, p.slots,
+                     p.attention_mask, after_graph=p.after_graph, text_kv=kv)  # fmt: skip
 
     def gradient_checkpointing_enable(self) -> None:
         """Recompute the base LM's layers in backward (non-reentrant checkpointing); a
@@ -213,9 +275,14 @@ class GLFusionForCausalLM(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def _embed(self, input_ids: Tensor, graph: GraphBatch, slots: Tensor) -> Tensor:
+        """Input embeddings: the paper's form replaces each node token's with its node text's
+        projected encoding; the gated form adds that (normalised, through a projection that
+        starts at 0) to the embedding of each node's slot, its text's last token."""
         embeds = _inner(self.base).get_input_embeddings()(input_ids)  # (B, S, D)
         mask = graph.node_text_mask.unsqueeze(-1).to(graph.node_text.dtype)
         pooled = (graph.node_text * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (M, text_dim)
+        if self.gated:
+            pooled = F.layer_norm(pooled.float(), pooled.shape[-1:])
         node_emb = self.glf_node_proj(pooled.to(self.glf_node_proj.weight.dtype))
         if self.config.target_marker and graph.target_nodes is not None:
             # every layer can tell which node the prompt asks about (node tokens share one
@@ -224,7 +291,10 @@ class GLFusionForCausalLM(nn.Module):
             marker = torch.zeros_like(node_emb[:, :1]).expand_as(node_emb).clone()
             marker[graph.target_nodes[has]] = self.glf_target_marker.to(node_emb.dtype)
             node_emb = node_emb + marker
-        embeds = embeds.index_put((slots[:, 0], slots[:, 1]), node_emb.to(embeds.dtype))
+        index = (slots[:, 0], slots[:, 1])
+        if self.gated:
+            return embeds.index_put(index, node_emb.to(embeds.dtype), accumulate=True)
+        embeds = embeds.index_put(index, node_emb.to(embeds.dtype))
         cfg = self.config
         for row, token_id in enumerate((cfg.graph_start_id, cfg.graph_end_id)):
             embeds = torch.where(
@@ -276,11 +346,11 @@ class GLFusionForCausalLM(nn.Module):
         projects no vocabulary logits but the last position's."""
         return self._prompt_pass(input_ids, attention_mask, graph, logits_to_keep=1).node_logits
 
-    def _pass(self, input_ids, attention_mask, graph, cache=None) -> GLFusionOutput:
+    def _pass(self, input_ids, attention_mask, graph, cache=None, memory=None) -> GLFusionOutput:
         """The base model itself without a graph; the graph-aware pass with one."""
         if graph is None:
             return self._base_pass(input_ids, attention_mask, cache)
-        return self._prompt_pass(input_ids, attention_mask, graph, cache=cache)
+        return self._prompt_pass(input_ids, attention_mask, graph, cache=cache, memory=memory)
 
     def _check_no_nodes(self, input_ids: Tensor) -> None:
         if bool((input_ids == self.config.node_id).any()):
@@ -307,8 +377,9 @@ class GLFusionForCausalLM(nn.Module):
         blocks: Tensor | None = None,
         cache=None,
         logits_to_keep: Tensor | int | None = None,
+        memory: dict | None = None,
     ) -> GLFusionOutput:
-        """Prompts through the structure-aware mask and shared node positions; with a graph,
+        """Prompts through the structure-aware mask and node positions; with a graph,
         node-token embeddings, message passing, cross-attention and the GNN head.
 
         ``blocks (B, S)`` long packs continuations of one prompt into one pass: 0 marks the
@@ -316,18 +387,25 @@ class GLFusionForCausalLM(nn.Module):
         prompt and the earlier tokens of their own continuation only, and their positions start
         after the prompt's, so each is exactly the prompt followed by it alone.
         ``logits_to_keep`` (transformers' option): the vocabulary logits of those positions
-        only, ``(B, k, vocab)``."""
+        only, ``(B, k, vocab)``. ``memory``: filled with what cross-attention reads, for
+        decoding (:attr:`GraphPass.memory`)."""
         graph_pass = None
+        node_mask = input_ids == self.config.node_id
         if graph is None:
             self._check_no_nodes(input_ids)
             embeds = _inner(self.base).get_input_embeddings()(input_ids)
+            allowed = build_structure_mask(node_mask, attention_mask)
+            positions = node_position_ids(node_mask, attention_mask)
         else:
+            if (graph.text_spans is not None) != self.gated:
+                raise ValueError(
+                    "the gated form's graphs give each node's text_spans in the prompt; the "
+                    "paper's form's give none (its prompts hold <node> tokens)"
+                )
             slots = graph.validate(input_ids, self.config.node_id)
             embeds = self._embed(input_ids, graph, slots)
-            graph_pass = GraphPass(graph, slots, attention_mask)
-        node_mask = input_ids == self.config.node_id
-        allowed = build_structure_mask(node_mask, attention_mask)
-        positions = node_position_ids(node_mask, attention_mask)
+            graph_pass = GraphPass(self, graph, slots, attention_mask, memory=memory)
+            allowed, positions = self._layout(input_ids, attention_mask, graph, slots, graph_pass)
         if blocks is not None:
             if bool((node_mask & (blocks != 0)).any()):
                 raise ValueError("node tokens must sit in the prompt (block 0)")
@@ -340,6 +418,29 @@ class GLFusionForCausalLM(nn.Module):
         final = graph_pass.final_hidden
         node_logits = self.glf_gnn_head(final[slots[:, 0], slots[:, 1]])  # (M, classes)
         return GLFusionOutput(logits=out.logits, node_logits=node_logits)
+
+    def _layout(self, input_ids, attention_mask, graph, slots, graph_pass):
+        """The mask ``(B, 1, S, S)`` and positions ``(B, S)`` of graph prompts: the paper's
+        structure-aware ones, or for the gated form the base LLM's own (its prompts hold no
+        node token), where the text after each graph (``graph_pass.reads``) reads it."""
+        node_mask = input_ids == self.config.node_id
+        allowed = build_structure_mask(node_mask, attention_mask)
+        positions = node_position_ids(node_mask, attention_mask)
+        if self.gated:
+            cfg = self.config
+            if bool(((input_ids == cfg.graph_start_id) | (input_ids == cfg.graph_end_id)).any()):
+                raise ValueError(
+                    "the gated form's prompts hold no <graph_start>/<graph_end> (those would "
+                    "reach the text outside the gates)"
+                )
+            B, S = input_ids.shape
+            last = torch.full((B,), S, dtype=torch.long, device=input_ids.device)
+            last.scatter_reduce_(0, slots[:, 0], slots[:, 1], reduce="amax", include_self=False)
+            reads = torch.arange(S, device=input_ids.device)[None] > last[:, None]
+            if attention_mask is not None:
+                reads = reads & attention_mask.bool()
+            graph_pass.reads = reads
+        return allowed, positions
 
     def _decoder(self, embeds, allowed, positions, graph_pass, cache, **keep):
         """The base LM on input embeddings under the boolean mask ``allowed (B, 1, S, K)``;
@@ -431,16 +532,20 @@ class GLFusionForCausalLM(nn.Module):
             generator = torch.Generator(device=input_ids.device).manual_seed(seed)
 
         cache = DynamicCache(config=_inner(self.base).config)
-        logits = self._pass(input_ids, mask, graph, cache).logits  # the prefill
+        memory: dict = {}  # what each cross-attention layer reads, for every step
+        prefill_memory = memory if self.gated else None  # the paper's form projects it later
+        logits = self._pass(input_ids, mask, graph, cache, prefill_memory).logits  # prefill
         last = S - 1 - mask.bool().flip(-1).long().argmax(-1)  # (B,) last real column
         step_logits = logits[torch.arange(B, device=logits.device), last]  # (B, vocab)
-        after_graph = (input_ids == self.config.node_id).any(-1)
+        if graph is None:
+            after_graph = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        else:  # the rows with a graph (none of them holds a node token in the gated form)
+            after_graph = torch.bincount(graph.node_batch, minlength=B)[:B].to(input_ids.device) > 0
         cfg = self.config
         special = torch.tensor(
             [cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=input_ids.device
         )
         keys = mask.clone()
-        text_kv: dict = {}  # node-text keys/values per cross-attention layer, for every step
         tokens, chosen = [], []
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         stops = None
@@ -460,7 +565,7 @@ class GLFusionForCausalLM(nn.Module):
                 break
             keys = torch.cat([keys, torch.ones_like(keys[:, :1])], dim=-1)
             step_logits = self._decode_step(
-                tok[:, None], keys, next_pos + t, cache, graph, after_graph, text_kv
+                tok[:, None], keys, next_pos + t, cache, graph, after_graph, memory
             )
         out = torch.stack(tokens, dim=1)
         return (out, torch.stack(chosen, dim=1)) if return_logits else out
@@ -497,7 +602,7 @@ class GLFusionForCausalLM(nn.Module):
             scores = scores.masked_fill(scores < kth, float("-inf"))
         return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
 
-    def _decode_step(self, tok, keys, pos, cache, graph, after_graph, text_kv=None) -> Tensor:
+    def _decode_step(self, tok, keys, pos, cache, graph, after_graph, memory=None) -> Tensor:
         """Logits ``(B, vocab)`` after the text tokens ``tok (B, 1)`` at positions ``pos (B,)``;
         ``keys (B, K)`` marks the real cached keys plus the new one."""
         inner = _inner(self.base)
@@ -506,7 +611,7 @@ class GLFusionForCausalLM(nn.Module):
         graph_pass = None
         if graph is not None:
             empty = torch.zeros(0, 2, dtype=torch.long, device=tok.device)
-            graph_pass = GraphPass(graph, empty, after_graph=after_graph, text_kv=text_kv)
+            graph_pass = GraphPass(self, graph, empty, after_graph=after_graph, memory=memory)
         out = self._decoder(embeds, allowed, pos[:, None], graph_pass, cache)
         return out.logits[:, -1]
 

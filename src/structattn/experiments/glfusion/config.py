@@ -19,6 +19,7 @@ from structattn.engine.config import (
     build_dataclass,
     load_config,
 )
+from structattn.glfusion.configuration import VARIANTS
 from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
 
 __all__ = [
@@ -108,6 +109,7 @@ class GLFusionTrainConfig(RunConfig):
     cross_attention_layers: list[int] | None = None  # default every 4th from 3
     # The recipe (this project's, beside the paper's defaults: see docs/glfusion.md)
     message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update
+    variant: str = "paper"  # GL-Fusion's form (node classification prompts: the paper's)
     target_marker: bool = False  # a learned vector on the target node's token
     lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
     gate_lr: float | None = None  # learning rate of the tanh gates (None: optim.lr)
@@ -130,6 +132,8 @@ class GLFusionTrainConfig(RunConfig):
             )
         if self.heads not in ("both", "gnn", "lm"):
             raise ValueError(f"heads must be both, gnn or lm, got {self.heads!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.lm_loss not in ("tokens", "labels"):
             raise ValueError(f"lm_loss must be tokens or labels, got {self.lm_loss!r}")
         if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:

@@ -71,6 +71,7 @@ def build_model(cfg: GLFusionTrainConfig, graph, base, tokenizer, text_dim: int)
         lm_loss_weight=0.0 if cfg.heads == "gnn" else 1.0,
         edge_dim=text_dim if cfg.edge_texts else 0,  # edge texts share the node-text encoder
         extra={"label_names": list(graph.label_names)},
+        variant=cfg.variant,
     )
     model = GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tokenizer)
     with quiet_library_warnings():  # peft reads a property transformers has deprecated

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from structattn.data.base import default_data_dir
 from structattn.engine.config import OptimConfig, RunConfig, TrainConfig, load_config
+from structattn.glfusion.configuration import VARIANTS
 
 from ..config import absolute_paths, check_group_rates
 
@@ -61,8 +62,12 @@ class CodeNamesConfig(RunConfig):
     text_tokens: int = 12  # node-text tokens kept by the encoder
     lora_r: int = 8  # LoRA rank
     lora_alpha: int = 16  # LoRA alpha
-    max_prompt_tokens: int = 512  # text prompts are cut to this length
+    max_prompt_tokens: int = 512  # prompts are cut to this length (node tokens not counted)
+    node_text_tokens: int = 16  # each node's line of text at most (llm-tree, glfusion)
     max_new_tokens: int = 12  # tokens generated per name at most
+    # GL-Fusion's form: gated (the node texts in the prompt, the graph through gated paths) |
+    # paper (the paper's node tokens and cross-attention; the table's first GL-Fusion rows)
+    variant: str = "gated"
     # GL-Fusion's paths (the ablations turn one off)
     message_passing: bool = True  # message passing after decoder layers 0, 4, 8, ...
     cross_attention: bool = True  # graph-text cross-attention after layers 3, 7, 11, ...
@@ -91,7 +96,10 @@ class CodeNamesConfig(RunConfig):
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.llm_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"llm_dtype must be float32 or bfloat16, got {self.llm_dtype!r}")
-        for key in ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens"):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        for key in ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens",
+                    "node_text_tokens"):  # fmt: skip
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         check_group_rates(self)

@@ -25,10 +25,18 @@ from structattn.utils.fingerprint import fingerprint
 from ..evaluation import check_stop, stop_exits
 from .config import GNN_MODELS, CodeNamesConfig
 from .gnn import NameGNN, Vocabulary, graph_data
+from .llm import PromptSpec
 from .metrics import name_scores
 from .report import run_table
 
-__all__ = ["LLMNaming", "MethodNaming", "NamingParts", "build_naming_lm", "train_code_names"]
+__all__ = [
+    "LLMNaming",
+    "MethodNaming",
+    "NamingParts",
+    "build_naming_lm",
+    "prompt_spec",
+    "train_code_names",
+]
 
 DRAW_SEED = 0  # the draw of max_train / max_val / max_test examples: one for every model and seed
 EXAMPLES_SHOWN = 12  # test predictions written beside the true names
@@ -178,10 +186,9 @@ class LLMNaming(MethodNaming):
         parts = build_naming_lm(cfg, len(self.vocab.subtokens), self._llm, self._encoder)
         self.model, self.tokenizer, self.stop_ids = parts.model, parts.tokenizer, parts.stop_ids
         graph = self.graph_mode
-        c = parts.model.glf.config
+        spec = prompt_spec(cfg, parts.model.glf.config)
         self.prompts = {
-            s: [build_prompt(ex, cfg.model, self.tokenizer, c.node_id, c.graph_start_id,
-                             c.graph_end_id, cfg.max_prompt_tokens,
+            s: [build_prompt(ex, cfg.model, self.tokenizer, spec,
                              self.vocab.encode_target(ex.subtokens) if graph else None)
                 for ex in exs]
             for s, exs in self.splits.items()
@@ -291,6 +298,12 @@ class LLMNaming(MethodNaming):
         return results
 
 
+def prompt_spec(cfg: CodeNamesConfig, glf_config) -> PromptSpec:
+    """How ``cfg``'s prompts are built, with the graph-token ids of ``glf_config``."""
+    return PromptSpec(glf_config.node_id, glf_config.graph_start_id, glf_config.graph_end_id,
+                      cfg.max_prompt_tokens, cfg.node_text_tokens, cfg.variant)  # fmt: skip
+
+
 @dataclass
 class NamingParts:
     """An LLM model of code-names before training: the model, its tokenizer and stop tokens,
@@ -313,7 +326,7 @@ def build_naming_lm(cfg: CodeNamesConfig, num_subtokens: int, llm=None, encoder=
     from structattn.glfusion.loading import load_llm, load_text_encoder
     from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
 
-    from .llm import NamingLM
+    from .llm import END, NamingLM
 
     dtype = torch.bfloat16 if cfg.llm_dtype == "bfloat16" else torch.float32
     base, tok = llm if llm is not None else load_llm(cfg.llm, dtype=dtype)
@@ -331,6 +344,7 @@ def build_naming_lm(cfg: CodeNamesConfig, num_subtokens: int, llm=None, encoder=
         edge_dim=text_dim if cfg.edge_texts else 0,
         message_passing_layers=list(range(0, n_layers, 4)) if cfg.message_passing else [],
         cross_attention_layers=list(range(3, n_layers, 4)) if cfg.cross_attention else [],
+        variant=cfg.variant if graph else "gated",
     )
     torch.manual_seed(cfg.seed)
     glf = GLFusionForCausalLM.from_base(base, gl_config, tokenizer=tok)
@@ -340,7 +354,10 @@ def build_naming_lm(cfg: CodeNamesConfig, num_subtokens: int, llm=None, encoder=
             if name.startswith("glf_"):
                 p.requires_grad_(False)
     model = NamingLM(glf, num_subtokens if (graph and cfg.gnn_head) else None)
-    return NamingParts(model, tok, stop_token_ids(tok), enc)
+    stops = stop_token_ids(tok)
+    if not (graph and cfg.variant == "paper"):  # the target ends with a newline
+        stops = tok(END, add_special_tokens=False)["input_ids"][-1:] + stops
+    return NamingParts(model, tok, stops, enc)
 
 
 def train_code_names(cfg: CodeNamesConfig, data: CodeNames | None = None, progress: bool = True,

@@ -46,6 +46,7 @@ def _run(run_dir: Path) -> tuple[RunDir, CodeNamesConfig, Vocabulary]:
     values = rd.read_config()
     if values.get("dataset") != "code-names":
         raise RunError(f"{run_dir} is not a code-names run (its config has no dataset: code-names)")
+    values.setdefault("variant", "paper")  # saved before the gated form: the paper's prompts
     cfg = build_dataclass(CodeNamesConfig, values)
     if not rd.best.is_file():
         raise RunError(f"{run_dir} has no {rd.BEST} (did the run finish?)")
@@ -110,7 +111,7 @@ def _llm_name(rd, cfg, vocab, ex, llm, encoder, head, data_dir):
     from structattn.data.base import default_data_dir
     from structattn.glfusion.loading import EncodingCache
 
-    from .experiment import build_naming_lm
+    from .experiment import build_naming_lm, prompt_spec
     from .llm import build_prompt, collate_prompts
 
     parts = build_naming_lm(cfg, len(vocab.subtokens), llm, encoder)
@@ -119,9 +120,7 @@ def _llm_name(rd, cfg, vocab, ex, llm, encoder, head, data_dir):
     model.eval()
     graph_mode = cfg.model == "glfusion"
     head = head or "lm"
-    c = model.glf.config
-    prompt = build_prompt(ex, cfg.model, parts.tokenizer, c.node_id, c.graph_start_id,
-                          c.graph_end_id, cfg.max_prompt_tokens,
+    prompt = build_prompt(ex, cfg.model, parts.tokenizer, prompt_spec(cfg, model.glf.config),
                           vocab.encode_target(ex.subtokens) if graph_mode else None)  # fmt: skip
     encode = None
     if graph_mode:

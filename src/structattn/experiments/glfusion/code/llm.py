@@ -1,20 +1,27 @@
 """The LLM models of code-names: the same LLM (SmolLM2 + LoRA) reading the tree as text, reading
-the masked code, or, as GL-Fusion, reading the tree as node tokens.
+the masked code, or, as GL-Fusion, reading the tree as text and as node tokens.
 
-Every prompt ends with ``" Name:"`` and the target is the name's sub-tokens joined by spaces
-(``" get user name"``) followed by the end-of-text token; only those tokens are LM targets, and
-names are generated greedily with a key/value cache, then split into sub-tokens again.
+Every prompt ends with the cue ``"\nFunction name:"`` (no node text holds it) and the target is
+the name's sub-tokens joined by spaces (``" get user name"``) followed by a newline; only those
+tokens are LM targets, and names are generated greedily with a key/value cache up to the
+newline, then split into sub-tokens again.
 
 * ``llm-tree``: the node texts (``"Name: self"``, ``"Load"``, ...) in depth-first (source)
-  order, one per line, cut to the prompt budget;
+  order, one per line (each cut to ``node_text_tokens``), as many lines as the prompt budget
+  holds;
 * ``llm-code``: the masked function's source (docstrings removed), cut to the prompt budget;
-* ``glfusion``: ``<graph_start><node>...<node><graph_end>``, one node token per AST node, its
-  node text encoded by the frozen sentence encoder (the node token's embedding, and what
-  cross-attention reads); message passing runs over both directions of the parent -> child and
-  next-token edges, whose texts ("child", "parent", "next token", "previous token") are encoded
-  the same way as edge features. The twin GNN head reads the mean of the final node-token states
-  through one linear map per sub-token position (OGB's readout): its logits are the mean over
-  the graph's nodes of GL-Fusion's linear node head with ``5 x vocabulary`` outputs.
+* ``glfusion`` (the gated form): exactly ``llm-tree``'s prompt; each AST node whose line it
+  holds is a node of the graph, its slot the line's last token (nodes past the budget leave
+  the graph with their edges). Message passing runs over both directions of the
+  parent -> child and next-token edges, whose texts ("child", "parent", "next token",
+  "previous token") are encoded by the frozen sentence encoder as edge features. The twin GNN
+  head reads the mean of the final node-token states through one linear map per sub-token
+  position (OGB's readout): its logits are the mean over the graph's nodes of GL-Fusion's
+  linear node head with ``5 x vocabulary`` outputs.
+* ``glfusion`` with ``variant: paper``: ``<graph_start><node>...<node><graph_end>`` between an
+  instruction and the cue ``"\nName:"``, each node token's embedding its node text's encoding,
+  the target ending with the end-of-text token (the prompt of the table's first GL-Fusion
+  rows).
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ __all__ = [
     "LLM_MODELS",
     "NamingLM",
     "NamingPrompt",
+    "PromptSpec",
     "build_prompt",
+    "node_lines",
     "collate_prompts",
     "edge_lists",
     "subtokens_of_text",
@@ -45,9 +54,12 @@ LLM_MODELS = ("llm-tree", "llm-code", "glfusion")
 INSTRUCTION = {
     "llm-tree": "Name the Python function whose syntax tree nodes follow, in source order.\n",
     "llm-code": "Name the Python function whose code follows (its name is _mask_).\n",
-    "glfusion": "Name the Python function whose syntax tree this graph is. Graph:",
 }
-ANSWER = "\nName:"
+ANSWER = "\nFunction name:"
+END = "\n"  # the target's last token
+#: The paper-form prompt's instruction and cue (the target ends with the end-of-text token).
+PAPER_INSTRUCTION = "Name the Python function whose syntax tree this graph is. Graph:"
+PAPER_ANSWER = "\nName:"
 #: Texts of the reversed edges, beside :data:`EDGE_TEXTS` of the stored ones.
 REVERSED = ("parent", "previous token")
 
@@ -64,6 +76,7 @@ class NamingPrompt:
     texts: list[str] | None = None
     edge_index: Tensor | None = None
     edge_texts: list[str] | None = None
+    spans: list[tuple[int, int]] | None = None  # the gated form: each node's line in the prompt
 
 
 def edge_lists(ex: CodeExample) -> tuple[Tensor, list[str]]:
@@ -77,26 +90,74 @@ def _cut(ids: list[int], budget: int) -> list[int]:
     return ids[: max(budget, 0)]
 
 
-def build_prompt(ex: CodeExample, mode: str, tokenizer, node_id: int, graph_start: int,
-                 graph_end: int, max_prompt_tokens: int = 512,
+@dataclass
+class PromptSpec:
+    """How prompts are built: the graph-token ids, the budgets and the form."""
+
+    node_id: int
+    graph_start: int
+    graph_end: int
+    max_prompt_tokens: int = 512  # the whole prompt at most (text bodies are cut)
+    node_text_tokens: int = 16  # each node's line at most (its newline included)
+    variant: str = "gated"  # GL-Fusion's form: gated | paper
+
+
+def node_lines(texts: list[str], tok, budget: int, per_node: int) -> tuple[list[int], list]:
+    """Each text's tokens (cut to ``per_node - 1``) and a newline, the lines in order until
+    one does not fit in ``budget`` tokens: the ids and each text's ``(start, end)`` in them
+    (empty from the first line that does not fit)."""
+    newline = tok(END)
+    ids: list[int] = []
+    spans = []
+    full = False
+    for text in texts:
+        line = tok(text)[: max(per_node - len(newline), 0)] + newline
+        full = full or len(ids) + len(line) > budget
+        if full:
+            line = []
+        spans.append((len(ids), len(ids) + len(line)))
+        ids += line
+    return ids, spans
+
+
+def build_prompt(ex: CodeExample, mode: str, tokenizer, spec: PromptSpec,
                  name_ids: list[int] | None = None) -> NamingPrompt:  # fmt: skip
     """The prompt of ``ex`` for model ``mode`` (one of :data:`LLM_MODELS`); text bodies are cut
-    so that the prompt holds at most ``max_prompt_tokens`` tokens (a graph is never cut: the
-    trees are at most 150 nodes)."""
+    so that the prompt holds at most ``spec.max_prompt_tokens`` tokens besides the node tokens
+    (a graph is never cut: the trees are at most 150 nodes)."""
     if mode not in LLM_MODELS:
         raise ValueError(f"mode must be one of {LLM_MODELS}, got {mode!r}")
     tok = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    head, tail = tok(INSTRUCTION[mode]), tok(ANSWER)
+    if mode == "glfusion" and spec.variant == "paper":
+        return _paper_prompt(ex, tok, tokenizer, spec, name_ids)
+    head, tail = tok(INSTRUCTION["llm-tree" if mode == "glfusion" else mode]), tok(ANSWER)
+    target = tok(" " + " ".join(ex.target)) + tok(END)
+    budget = spec.max_prompt_tokens - len(head) - len(tail)
+    if mode == "llm-code":
+        return NamingPrompt(head + _cut(tok(ex.source), budget) + tail, target, ex.subtokens)
+    body, spans = node_lines(ex.node_texts(), tok, budget, spec.node_text_tokens)
+    if mode == "llm-tree":
+        return NamingPrompt(head + body + tail, target, ex.subtokens)
+    kept = [i for i, (a, b) in enumerate(spans) if b > a]  # a prefix: lines are whole
+    if not kept:
+        raise ValueError(f"{ex.qualname}: max_prompt_tokens={spec.max_prompt_tokens} holds no "
+                         "node's line beside the instruction and cue")  # fmt: skip
+    edges, etexts = edge_lists(ex)
+    inside = (edges < len(kept)).all(0)
+    texts = ex.node_texts()[: len(kept)]
+    spans = [(a + len(head), b + len(head)) for a, b in spans[: len(kept)]]
+    return NamingPrompt(head + body + tail, target, ex.subtokens, name_ids, texts,
+                        edges[:, inside], [t for t, k in zip(etexts, inside.tolist()) if k],
+                        spans)  # fmt: skip
+
+
+def _paper_prompt(ex, tok, tokenizer, spec, name_ids) -> NamingPrompt:
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     target = tok(" " + " ".join(ex.target)) + eos
-    if mode == "glfusion":
-        edges, etexts = edge_lists(ex)
-        body = [graph_start] + [node_id] * ex.num_nodes + [graph_end]
-        return NamingPrompt(head + body + tail, target, ex.subtokens, name_ids, ex.node_texts(),
-                            edges, etexts)  # fmt: skip
-    text = "\n".join(ex.node_texts()) if mode == "llm-tree" else ex.source
-    body = _cut(tok(text), max_prompt_tokens - len(head) - len(tail))
-    return NamingPrompt(head + body + tail, target, ex.subtokens, name_ids)
+    edges, etexts = edge_lists(ex)
+    body = [spec.graph_start] + [spec.node_id] * ex.num_nodes + [spec.graph_end]
+    return NamingPrompt(tok(PAPER_INSTRUCTION) + body + tok(PAPER_ANSWER), target, ex.subtokens,
+                        name_ids, ex.node_texts(), edges, etexts)  # fmt: skip
 
 
 def subtokens_of_text(text: str) -> list[str]:
@@ -145,8 +206,12 @@ def collate_prompts(
         attrs = None
         if edge_features:
             attrs = [mean_pool(*encode(p.edge_texts)) for p in prompts]
+        spans = None
+        if prompts[0].spans is not None:
+            spans = [torch.tensor(p.spans, dtype=torch.long) for p in prompts]
         graph = GraphBatch.from_graphs([e for e, _ in encoded], [p.edge_index for p in prompts],
-                                       edge_attrs=attrs, targets=[0] * len(prompts))  # fmt: skip
+                                       edge_attrs=attrs, targets=[0] * len(prompts),
+                                       text_spans=spans)  # fmt: skip
         graph.node_text_mask = torch.cat([m for _, m in encoded])
         out["graph"] = graph
         if prompts[0].name_ids is not None:
