@@ -182,6 +182,7 @@ def run_glfusion(root: Path) -> Path:
     cfg = build_glfusion_config(
         {
             "dataset": "wordnet",
+            "variant": "paper",  # the form the reference was written with
             "max_nodes": 4,
             "text_tokens": 8,
             "lora_r": 2,

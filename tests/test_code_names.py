@@ -449,3 +449,18 @@ def test_a_stop_during_validation_ends_the_pass_before_its_next_batch(tmp_path, 
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]
     assert not [r for r in rows if ",val," in r]
     assert not (tmp_path / "run" / "final.json").exists()
+
+
+def test_the_checkpoint_is_chosen_on_the_better_heads_validation_f1(monkeypatch):
+    from structattn.experiments.glfusion.code.config import CodeNamesConfig
+    from structattn.experiments.glfusion.code.experiment import LLMNaming
+
+    exp = LLMNaming(CodeNamesConfig(model="glfusion"), progress=False)
+    f1 = {"lm": 0.1, "gnn": 0.3}
+    monkeypatch.setattr(exp, "scores", lambda m, s, limit=None, head="lm": ({"f1": f1[head]}, []))
+    assert exp.heads == ["lm", "gnn"]
+    assert exp.val_metrics(None, None) == {"f1": 0.3, "lm_f1": 0.1, "gnn_f1": 0.3}
+    f1["lm"] = 0.3  # a tie goes to the LM head (the generated names)
+    assert exp.val_metrics(None, None)["f1"] == 0.3
+    text = LLMNaming(CodeNamesConfig(model="llm-tree"), progress=False)
+    assert text.heads == ["lm"]

@@ -244,3 +244,15 @@ def test_cli_table_has_glfusion_and_every_baseline(setup, capsys):
               "--preset", "llm", "--gnn-preset", "gnn", "--rows", "gcn", "--summary-only",
               "--out-dir", str(tmp_path / "empty"),
               "--set", f"dataset_path={tmp_path / 'ds'}"])  # fmt: skip
+
+
+def test_the_papers_form_is_a_row_with_its_own_rates():
+    from structattn.experiments.glfusion.code.table import _base_model, _Jobs
+
+    jobs = _Jobs("glfusion-code", "cpu-llm", "cpu-gnn", {}, False, None)
+    paper = jobs.resolved("glfusion-paper", 0, None, lr=0.0003)  # a rate tuned for the others
+    assert (paper.variant, paper.gate_lr, paper.optim.lr) == ("paper", 0.02, 0.001)
+    gated = jobs.resolved("glfusion", 0, None, lr=0.0003)
+    assert (gated.variant, gated.optim.lr) == ("gated", 0.0003)
+    assert _base_model("glfusion-paper") == "glfusion-paper"
+    assert _base_model("no-edge-texts") == "glfusion"

@@ -137,3 +137,38 @@ def test_decoding_is_exact_with_lora_adapters():
     graph = graph_for()
     new, logits = model.generate(ids, mask, graph, max_new_tokens=5, return_logits=True)
     assert (logits - full_forward_logits(model, ids, mask, graph, new)).abs().max() <= 1e-10
+
+
+def test_question_prompts_go_through_the_chat_template_and_point_at_each_nodes_line(tmp_path):
+    from helpers import tiny_glfusion_models
+
+    from structattn.experiments.glfusion.generate import question_prompt
+    from structattn.glfusion import GLFusionConfig
+    from structattn.glfusion.prompts import chat_parts
+
+    (_, tok), _ = tiny_glfusion_models(tmp_path)
+    assert chat_parts(tok) == ([], [])  # no template: the question alone
+    tok.chat_template = (
+        "{% for m in messages %}[CLS] {{ m['content'] }} [SEP]{% endfor %}"
+        "{% if add_generation_prompt %} answer :{% endif %}"
+    )
+    before, after = chat_parts(tok)
+    ids = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert before == ids("[CLS] ") and after == ids(" [SEP] answer :")
+    texts = ["alpha beta", "gamma", "delta omega sigma"]
+    prompt, spans = question_prompt(tok, GLFusionConfig(), texts, "what is it ?", 3)
+    assert prompt[: len(before)] == before and prompt[-len(after) :] == after
+    for text, (a, b) in zip(texts, spans):
+        assert prompt[a:b] == ids(text)[:3]  # cut to the per-node budget (no newline token)
+    paper = GLFusionConfig(variant="paper", graph_start_id=90, node_id=91, graph_end_id=92)
+    prompt, spans = question_prompt(tok, paper, texts, "what is it ?", 3)
+    assert spans is None and prompt.count(91) == 3 and prompt[len(before)] == 90
+
+
+def test_an_empty_continuation_is_named_not_printed_as_a_blank_line(monkeypatch, capsys):
+    from structattn.cli import main
+    from structattn.experiments.glfusion import commands, generate
+
+    monkeypatch.setattr(generate, "generate_about_node", lambda *a, **k: "")
+    main(["glfusion", "generate", "some-run", "--node", "3", "--prompt", "What is it?"])
+    assert capsys.readouterr().out.strip() == commands.EMPTY_CONTINUATION

@@ -2,7 +2,13 @@
 
 For a target node, :func:`build_example` samples a k-hop subgraph (target first, node cap),
 writes each node's text — training-set neighbours may carry their label
-(``"... [category: animal]"``), the target never does — and builds the prompt::
+(``"[category: animal] ..."``), the target never does — and builds the prompt. The gated
+form's holds the node texts, one line each (:func:`node_lines`: each cut to a token budget, as
+many lines as the prompt's budget holds; nodes past it leave the subgraph)::
+
+    <instruction>\n<text of node 0>\n<text of node 1>\n... Answer:<space><label name>
+
+the paper's form's the node tokens::
 
     <instruction> <graph_start><node>...<node><graph_end> Answer:<space><label name>
 
@@ -28,13 +34,16 @@ from .graph import GraphBatch
 __all__ = [
     "NodeExample",
     "build_example",
+    "chat_parts",
     "collate_examples",
     "label_token_ids",
     "mean_pool",
+    "node_lines",
     "node_text",
 ]
 
 INSTRUCTION = "Classify the first node of this graph. Graph:"
+GATED_INSTRUCTION = "Classify the first node of this graph. Its nodes, one per line:\n"
 ANSWER = " Answer:"
 
 
@@ -48,6 +57,7 @@ class NodeExample:
     label_ids: list[int]  # tokens of " <label name>"
     label: int  # class of the target
     edge_texts: list[str] | None = None  # one per local edge, when edges carry text
+    spans: list[tuple[int, int]] | None = None  # the gated form: each node's line in the prompt
 
 
 def node_text(graph: TextAttributedGraph, node: int, show_label: bool) -> str:
@@ -71,10 +81,13 @@ def build_example(
     show_neighbour_labels: bool = True,
     train_nodes: set[int] | None = None,
     edge_texts: bool = False,
+    node_text_tokens: int = 32,
+    max_prompt_tokens: int = 512,
 ) -> NodeExample:
     """One example around ``target``; ``train_nodes`` (default: the graph's train split) are the
     neighbours allowed to show their label; ``edge_texts``: each edge's text
-    (:meth:`TextAttributedGraph.edge_text`) rides along, for edge features."""
+    (:meth:`TextAttributedGraph.edge_text`) rides along, for edge features. The gated form's
+    lines hold at most ``node_text_tokens`` tokens each and the prompt ``max_prompt_tokens``."""
     nodes, edges = sample_subgraph(graph, target, num_hops, max_nodes, seed)
     if train_nodes is None:
         train_nodes = set(graph.splits["train"].tolist())
@@ -84,17 +97,61 @@ def build_example(
         )
         for i, v in enumerate(nodes)
     ]
-    head = tokenizer(INSTRUCTION, add_special_tokens=False)["input_ids"]
-    tail = tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
-    graph_tokens = [config.graph_start_id] + [config.node_id] * len(nodes) + [config.graph_end_id]
+    tok = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     label = int(graph.labels[target])
-    label_ids = tokenizer(" " + graph.label_names[label], add_special_tokens=False)["input_ids"]
+    label_ids = tok(" " + graph.label_names[label])
+    tail = tok(ANSWER)
+    spans = None
+    if config.variant == "gated":
+        head = tok(GATED_INSTRUCTION)
+        body, spans = node_lines(texts, tok, max_prompt_tokens - len(head) - len(tail),
+                                 node_text_tokens, tok("\n"))  # fmt: skip
+        n = sum(b > a for a, b in spans)
+        if n == 0:
+            raise ValueError(f"max_prompt_tokens={max_prompt_tokens} holds no line of node "
+                             f"{target}'s text beside the instruction and answer cue")  # fmt: skip
+        inside = (edges < n).all(0)
+        nodes, edges, texts = nodes[:n], edges[:, inside], texts[:n]
+        spans = [(a + len(head), b + len(head)) for a, b in spans[:n]]
+        prompt = head + body + tail
+    else:
+        graph_tokens = [config.graph_start_id, *[config.node_id] * len(nodes), config.graph_end_id]
+        prompt = tok(INSTRUCTION) + graph_tokens + tail
     etexts = None
     if edge_texts:
         etexts = [graph.edge_text(nodes[a], nodes[b]) for a, b in edges.t().tolist()]
-    return NodeExample(
-        target, nodes, edges, texts, head + graph_tokens + tail, label_ids, label, etexts
-    )
+    return NodeExample(target, nodes, edges, texts, prompt, label_ids, label, etexts, spans)
+
+
+def node_lines(texts: list[str], tok, budget: int, per_node: int,
+               newline: list[int]) -> tuple[list[int], list[tuple[int, int]]]:  # fmt: skip
+    """Each text's tokens (``tok(text)``, cut to ``per_node - len(newline)``) followed by
+    ``newline``, the lines in order until one does not fit in ``budget`` tokens: the ids and
+    each text's ``(start, end)`` in them (empty from the first line that does not fit)."""
+    ids: list[int] = []
+    spans = []
+    full = False
+    for text in texts:
+        line = tok(text)[: max(per_node - len(newline), 0)] + newline
+        full = full or len(ids) + len(line) > budget
+        if full:
+            line = []
+        spans.append((len(ids), len(ids) + len(line)))
+        ids += line
+    return ids, spans
+
+
+def chat_parts(tokenizer) -> tuple[list[int], list[int]]:
+    """The token ids the tokenizer's chat template puts before and after one user message
+    (its generation prompt included): ``([], [])`` for a tokenizer without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return [], []
+    marker = "\x00GLFUSION\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    before, after = text.split(marker)
+    tok = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"] if t else []  # noqa: E731
+    return tok(before), tok(after)
 
 
 def mean_pool(encodings: Tensor, mask: Tensor) -> Tensor:
@@ -145,11 +202,15 @@ def collate_examples(
             mean_pool(*encode(ex.edge_texts)) if ex.edge_texts else torch.zeros(0, dim)
             for ex in examples
         ]
+    spans = None
+    if examples[0].spans is not None:
+        spans = [torch.tensor(ex.spans, dtype=torch.long) for ex in examples]
     graph = GraphBatch.from_graphs(
         [torch.stack(t) for t in texts],
         [ex.edge_index for ex in examples],
         edge_attrs=edge_attrs,
         targets=[0] * B,
+        text_spans=spans,
     )
     graph.node_text_mask = torch.cat([torch.stack([m for _, m in nt]) for nt in node_texts])
     return {

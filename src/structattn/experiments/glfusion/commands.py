@@ -255,7 +255,11 @@ class Generate:
                                        do_sample=not self.greedy, temperature=self.temperature,
                                        top_k=self.top_k, seed=self.seed,
                                        data_dir=self.data_dir)  # fmt: skip
-        print(text)
+        print(text if text.strip() else EMPTY_CONTINUATION)
+
+
+#: Printed instead of a blank line when the model's first new token ends the text.
+EMPTY_CONTINUATION = "(no text: the model's first new token was a stop token)"
 
 
 @dataclass

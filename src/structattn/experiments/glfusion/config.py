@@ -109,7 +109,11 @@ class GLFusionTrainConfig(RunConfig):
     cross_attention_layers: list[int] | None = None  # default every 4th from 3
     # The recipe (this project's, beside the paper's defaults: see docs/glfusion.md)
     message_passing_norm: bool = False  # LayerNorm on [h, agg] before the update
-    variant: str = "paper"  # GL-Fusion's form (node classification prompts: the paper's)
+    # GL-Fusion's form: gated (the node texts in the prompt, the graph through gated paths) |
+    # paper (node tokens; the paper's form)
+    variant: str = "gated"
+    node_text_tokens: int = 32  # the gated form: each node's line of text at most
+    max_prompt_tokens: int = 512  # the gated form: the prompt at most (nodes past it are cut)
     target_marker: bool = False  # a learned vector on the target node's token
     lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
     gate_lr: float | None = None  # learning rate of the tanh gates (None: optim.lr)
@@ -149,6 +153,8 @@ class GLFusionTrainConfig(RunConfig):
             "eval_batch_size",
             "text_tokens",
             "lora_r",
+            "node_text_tokens",
+            "max_prompt_tokens",
         ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")

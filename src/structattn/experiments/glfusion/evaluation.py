@@ -118,7 +118,7 @@ def choose_ensemble_weight(probs: dict[str, Tensor]) -> float:
 
     def acc(w: float) -> float:
         mix = w * probs["gnn"] + (1 - w) * probs["lm"]
-        return (mix.argmax(-1) == probs["classes"]).float().mean().item()
+        return (mix.argmax(-1) == probs["classes"]).double().mean().item()
 
     return max(WEIGHT_GRID, key=lambda w: (acc(w), -abs(w - 0.5)))
 
@@ -126,7 +126,7 @@ def choose_ensemble_weight(probs: dict[str, Tensor]) -> float:
 def head_accuracies(probs: dict[str, Tensor], weight: float) -> dict[str, float]:
     """Accuracy of the GNN head, the LM head and their ensemble with ``weight``."""
     mix = weight * probs["gnn"] + (1 - weight) * probs["lm"]
-    hit = lambda p: (p.argmax(-1) == probs["classes"]).float().mean().item()  # noqa: E731
+    hit = lambda p: (p.argmax(-1) == probs["classes"]).double().mean().item()  # noqa: E731
     return {"gnn": hit(probs["gnn"]), "lm": hit(probs["lm"]), "ensemble": hit(mix)}
 
 

@@ -1,6 +1,7 @@
 """Free text about a node of a graph from a finished GL-Fusion run: the node's sampled subgraph
-sits in the prompt (node tokens, message passing, cross-attention to the node texts), the
-question follows it, and the LLM continues until a stop token of its tokenizer."""
+sits in the prompt (the gated form: its nodes' texts, one line each, the first the node asked
+about; the paper's form: node tokens), the question follows it, all inside the tokenizer's chat
+template where it has one, and the LLM continues until a stop token of its tokenizer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
 from structattn.glfusion.build import stop_token_ids
-from structattn.glfusion.prompts import build_example, collate_examples
+from structattn.glfusion.prompts import build_example, chat_parts, collate_examples, node_lines
 
 from .predict import load_run, node_indices
 
@@ -47,10 +48,10 @@ def generate_about_node(
     ex = build_example(graph, node, tok, model.config, num_hops=cfg.num_hops,
                        max_nodes=cfg.max_nodes, seed=cfg.seed,
                        show_neighbour_labels=cfg.show_neighbour_labels,
-                       edge_texts=cfg.edge_texts)  # fmt: skip
-    graph_tokens = [model.config.graph_start_id, *[model.config.node_id] * len(ex.nodes),
-                    model.config.graph_end_id]  # fmt: skip
-    ids = graph_tokens + tok(" " + prompt.strip(), add_special_tokens=False)["input_ids"]
+                       edge_texts=cfg.edge_texts, node_text_tokens=cfg.node_text_tokens,
+                       max_prompt_tokens=cfg.max_prompt_tokens)  # fmt: skip
+    ids, spans = question_prompt(tok, model.config, ex.texts, prompt, cfg.node_text_tokens)
+    ex.spans = spans
     batch = collate_examples([ex], run.cache.get, with_labels=False)
     with torch.no_grad():
         new = model.generate(torch.tensor([ids]), graph=batch["graph"],
@@ -64,3 +65,22 @@ def generate_about_node(
             break
         out.append(t)
     return tok.decode(out, skip_special_tokens=True)
+
+
+#: What the gated form's question prompt says about the lines that follow.
+NODES_INTRO = "A graph's nodes, one per line; the first is the node asked about:\n"
+
+
+def question_prompt(tok, config, texts: list[str], question: str, node_text_tokens: int):
+    """The token ids of a free-text ``question`` about the first of ``texts`` (a subgraph's
+    node texts) inside the chat template, and the gated form's node spans in them (``None``
+    for the paper's form, whose graph is node tokens)."""
+    before, after = chat_parts(tok)
+    ask = tok("\n" + question.strip(), add_special_tokens=False)["input_ids"]
+    if config.variant != "gated":
+        graph = [config.graph_start_id, *[config.node_id] * len(texts), config.graph_end_id]
+        return before + graph + ask + after, None
+    tokens = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    head = before + tokens(NODES_INTRO)
+    body, spans = node_lines(texts, tokens, 10**9, node_text_tokens, tokens("\n"))
+    return head + body + ask + after, [(a + len(head), b + len(head)) for a, b in spans]

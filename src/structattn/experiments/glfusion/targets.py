@@ -92,6 +92,8 @@ def prompt_examples(
             show_neighbour_labels=cfg.show_neighbour_labels,
             train_nodes=train_nodes,
             edge_texts=cfg.edge_texts,
+            node_text_tokens=cfg.node_text_tokens,
+            max_prompt_tokens=cfg.max_prompt_tokens,
         )
         for v in nodes
     ]

@@ -133,9 +133,12 @@ class MethodNaming(Experiment):
         self._stop = stop_requested
         try:
             with stop_exits(self.engine.run_dir):
-                return self.scores(model, "val", limit)[0]
+                return self.val_metrics(model, limit)
         finally:
             self._stop = None
+
+    def val_metrics(self, model: nn.Module, limit: int | None) -> dict[str, float]:
+        return self.scores(model, "val", limit)[0]
 
     def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
         val, _ = self.scores(model, "val")
@@ -163,7 +166,8 @@ class MethodNaming(Experiment):
 class LLMNaming(MethodNaming):
     """The LLM models (``llm-tree``, ``llm-code``, ``glfusion``): prompts from
     :func:`.llm.build_prompt`, LoRA on the LLM, names generated greedily with a key/value cache;
-    GL-Fusion also reports its twin GNN head, and the better head on validation. ``llm`` and
+    GL-Fusion also scores its twin GNN head at every validation, keeps the checkpoint where the
+    better head is best, and reports that head. ``llm`` and
     ``encoder`` (``(model, tokenizer)`` pairs) may be passed in (tests); else they load offline."""
 
     only_trainable = True  # the frozen LLM is not copied into every checkpoint
@@ -270,8 +274,20 @@ class LLMNaming(MethodNaming):
         refs = [p.subtokens for p in self.prompts[split][: len(preds)]]
         return name_scores(refs, preds), preds
 
+    @property
+    def heads(self) -> list[str]:
+        """The heads a run trains and reports: the LM head, and GL-Fusion's GNN head."""
+        return ["lm"] + (["gnn"] if self.graph_mode and self.cfg.gnn_head else [])
+
+    def val_metrics(self, model: nn.Module, limit: int | None) -> dict[str, float]:
+        """Validation F1 of every head; ``f1``, which picks the checkpoint, is the best head's,
+        so the weights kept are those of the head :meth:`report` reports."""
+        by_head = {h: self.scores(model, "val", limit, head=h)[0] for h in self.heads}
+        best = max(self.heads, key=lambda h: (by_head[h]["f1"], h == "lm"))
+        return {**by_head[best], **{f"{h}_f1": v["f1"] for h, v in by_head.items()}}
+
     def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
-        heads = ["lm"] + (["gnn"] if self.graph_mode and self.cfg.gnn_head else [])
+        heads = self.heads
         by_head = {h: {s: self.scores(model, s, head=h) for s in ("val", "test")} for h in heads}
         chosen = max(heads, key=lambda h: (by_head[h]["val"][0]["f1"], h == "lm"))
         val, test = by_head[chosen]["val"][0], by_head[chosen]["test"][0]

@@ -37,6 +37,7 @@ from torch_geometric.utils import scatter
 from structattn.data.code import EDGE_TEXTS, MAX_SUBTOKENS, CodeExample, split_subtokens
 from structattn.glfusion.graph import GraphBatch
 from structattn.glfusion.modeling import GLFusionForCausalLM
+from structattn.glfusion.prompts import node_lines
 
 __all__ = [
     "LLM_MODELS",
@@ -44,7 +45,6 @@ __all__ = [
     "NamingPrompt",
     "PromptSpec",
     "build_prompt",
-    "node_lines",
     "collate_prompts",
     "edge_lists",
     "subtokens_of_text",
@@ -102,24 +102,6 @@ class PromptSpec:
     variant: str = "gated"  # GL-Fusion's form: gated | paper
 
 
-def node_lines(texts: list[str], tok, budget: int, per_node: int) -> tuple[list[int], list]:
-    """Each text's tokens (cut to ``per_node - 1``) and a newline, the lines in order until
-    one does not fit in ``budget`` tokens: the ids and each text's ``(start, end)`` in them
-    (empty from the first line that does not fit)."""
-    newline = tok(END)
-    ids: list[int] = []
-    spans = []
-    full = False
-    for text in texts:
-        line = tok(text)[: max(per_node - len(newline), 0)] + newline
-        full = full or len(ids) + len(line) > budget
-        if full:
-            line = []
-        spans.append((len(ids), len(ids) + len(line)))
-        ids += line
-    return ids, spans
-
-
 def build_prompt(ex: CodeExample, mode: str, tokenizer, spec: PromptSpec,
                  name_ids: list[int] | None = None) -> NamingPrompt:  # fmt: skip
     """The prompt of ``ex`` for model ``mode`` (one of :data:`LLM_MODELS`); text bodies are cut
@@ -135,7 +117,7 @@ def build_prompt(ex: CodeExample, mode: str, tokenizer, spec: PromptSpec,
     budget = spec.max_prompt_tokens - len(head) - len(tail)
     if mode == "llm-code":
         return NamingPrompt(head + _cut(tok(ex.source), budget) + tail, target, ex.subtokens)
-    body, spans = node_lines(ex.node_texts(), tok, budget, spec.node_text_tokens)
+    body, spans = node_lines(ex.node_texts(), tok, budget, spec.node_text_tokens, tok(END))
     if mode == "llm-tree":
         return NamingPrompt(head + body + tail, target, ex.subtokens)
     kept = [i for i, (a, b) in enumerate(spans) if b > a]  # a prefix: lines are whole
