@@ -54,12 +54,14 @@ ROWS: dict[str, tuple[dict[str, Any], str]] = {
                            "GL-Fusion without cross-attention"),
     "no-edge-texts": ({"model": "glfusion", "edge_texts": False},
                       "GL-Fusion without edge texts (one shared edge feature)"),
+    "no-gnn-head": ({"model": "glfusion", "gnn_head": False},
+                    "GL-Fusion without the twin GNN head (LM loss only)"),
 }  # fmt: skip
 BASELINE_ROWS = ("gcn", "gin", "llm-tree", "llm-code", "glfusion-paper")
 #: Rows trained at the rate their changes give, never swept: the paper's form keeps the rate of
 #: the runs that first measured it (its gates need their own rate, 0.02).
 FIXED_RATE_ROWS = ("glfusion-paper",)
-ABLATION_ROWS = ("no-message-passing", "no-cross-attention", "no-edge-texts")
+ABLATION_ROWS = ("no-message-passing", "no-cross-attention", "no-edge-texts", "no-gnn-head")
 SWEEP_SEED = 1000  # the learning-rate sweep's seed, apart from the reported seeds
 DRAW_KEYS = ("max_train", "max_val", "max_test", "dataset_path", "data_dir")
 
