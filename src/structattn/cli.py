@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 import tyro
 
 from structattn.data.tasks import TaskSpec
-from structattn.engine.config import load_config, parse_yaml, preset_names
+from structattn.engine.config import load_config, preset_names
+from structattn.engine.overrides import parse_settings
 from structattn.errors import ConfigError, UserError
 from structattn.experiments.commands import (
     PresetCommand,
@@ -192,38 +192,6 @@ class Eval:
 
         result = evaluate_run(self.run_dir, self.split)
         print(json.dumps(result, indent=2))
-
-
-def parse_settings(items: Sequence[str]) -> dict[str, Any]:
-    """``["train.max_steps=50", "data.seq_len=64"]`` -> ``{"train": {"max_steps": 50}, "data":
-    {"seq_len": 64}}`` (values parsed as YAML); a malformed item is a one-line error."""
-    out: dict[str, Any] = {}
-    seen: set[tuple[str, ...]] = set()
-    for item in items:
-        key, sep, text = item.partition("=")
-        parts = key.strip().split(".")
-        if not sep or not all(p.isidentifier() for p in parts):
-            raise SystemExit(f"--set takes KEY=VALUE with a dotted key, got {item!r}")
-        if tuple(parts) in seen:  # a second value would silently win
-            raise SystemExit(f"--set {key.strip()} is given twice; give it once")
-        for other in seen:  # train=... and train.max_steps=...: one would replace the other
-            if other[: len(parts)] == tuple(parts) or tuple(parts[: len(other)]) == other:
-                raise SystemExit(
-                    f"--set {key.strip()} and {'.'.join(other)} overlap (one is inside the "
-                    "other); give each key once"
-                )
-        seen.add(tuple(parts))
-        try:
-            value = parse_yaml(text, f"--set {key.strip()}")
-        except ConfigError as err:
-            raise SystemExit(str(err)) from None
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise SystemExit(f"--set {key}: {p!r} is set to a value and used as a section")
-        node[parts[-1]] = value
-    return out
 
 
 @dataclass

@@ -211,7 +211,7 @@ class CodeAblate:
     set: tuple[str, ...] = ()
 
     def run(self) -> None:
-        from structattn.cli import parse_settings
+        from structattn.engine.overrides import parse_settings
 
         from .code.table import code_names_table, table_markdown
 
