@@ -39,6 +39,44 @@ def _edge_index(ei, b: int, n: int) -> Tensor:
     return ei
 
 
+def _check_no_graph(b: int, ei, targets) -> None:
+    """Sequence ``b`` has no graph: it has no edges and no target either."""
+    if ei is not None and torch.as_tensor(ei).numel():
+        raise ValueError(f"sequence {b} has edges but no node texts")
+    if targets is not None and targets[b] is not None:
+        raise ValueError(f"sequence {b} has a target but no graph")
+
+
+def _node_rows(nt, b: int) -> list[Tensor]:
+    """Graph ``b``'s node texts as a list of ``(L >= 1, text_dim)`` tensors (at least one)."""
+    rows = list(nt) if not isinstance(nt, Tensor) or nt.dim() == 3 else [nt]
+    if not rows:
+        raise ValueError(
+            f"graph {b} is empty: give it >= 1 node, or None for a sequence without a graph"
+        )
+    for i, row in enumerate(rows):
+        if row.dim() != 2 or row.shape[0] == 0:
+            raise ValueError(
+                f"graph {b}, node {i}: its text must be (L >= 1, text_dim), got {tuple(row.shape)}"
+            )
+    return rows
+
+
+def _edge_attr(attr, b: int, num_edges: int) -> Tensor:
+    if attr is None or attr.dim() != 2 or attr.shape[0] != num_edges:
+        raise ValueError(
+            f"graph {b}: edge_attrs must be (E, edge_dim) with E = {num_edges}, "
+            f"got {None if attr is None else tuple(attr.shape)}"
+        )
+    return attr
+
+
+def _target(t, b: int, n: int) -> int:
+    if t is None or not 0 <= int(t) < n:
+        raise ValueError(f"graph {b}: target {t} is not a node index in 0..{n - 1}")
+    return int(t)
+
+
 def _spans(spans, b: int, n: int) -> Tensor:
     """Graph ``b``'s text spans as ``(n, 2)`` long."""
     spans = torch.as_tensor(spans)
@@ -115,41 +153,19 @@ class GraphBatch:
         texts, batch, edges, attrs, offset, target_list, spans = [], [], [], [], 0, [], []
         for b, (nt, ei) in enumerate(zip(node_texts, edge_indices)):
             if nt is None:
-                if ei is not None and torch.as_tensor(ei).numel():
-                    raise ValueError(f"sequence {b} has edges but no node texts")
-                if targets is not None and targets[b] is not None:
-                    raise ValueError(f"sequence {b} has a target but no graph")
+                _check_no_graph(b, ei, targets)
                 target_list.append(-1)
                 continue
-            rows = list(nt) if not isinstance(nt, Tensor) or nt.dim() == 3 else [nt]
+            rows = _node_rows(nt, b)
             n = len(rows)
-            if n == 0:
-                raise ValueError(
-                    f"graph {b} is empty: give it >= 1 node, or None for a sequence without a graph"
-                )
-            for i, row in enumerate(rows):
-                if row.dim() != 2 or row.shape[0] == 0:
-                    raise ValueError(
-                        f"graph {b}, node {i}: its text must be (L >= 1, text_dim), "
-                        f"got {tuple(row.shape)}"
-                    )
             ei = _edge_index(ei, b, n)
             texts.extend(rows)
             batch.append(torch.full((n,), b, dtype=torch.long))
             edges.append(ei + offset)
             if edge_attrs is not None:
-                attr = edge_attrs[b]
-                if attr is None or attr.dim() != 2 or attr.shape[0] != ei.shape[1]:
-                    raise ValueError(
-                        f"graph {b}: edge_attrs must be (E, edge_dim) with E = {ei.shape[1]}, "
-                        f"got {None if attr is None else tuple(attr.shape)}"
-                    )
-                attrs.append(attr)
+                attrs.append(_edge_attr(edge_attrs[b], b, ei.shape[1]))
             if targets is not None:
-                t = targets[b]
-                if t is None or not 0 <= int(t) < n:
-                    raise ValueError(f"graph {b}: target {t} is not a node index in 0..{n - 1}")
-                target_list.append(offset + int(t))
+                target_list.append(offset + _target(targets[b], b, n))
             if text_spans is not None:
                 spans.append(_spans(text_spans[b], b, n))
             offset += n
@@ -175,34 +191,7 @@ class GraphBatch:
         """Check the batch against the prompts; return each node's slot ``(M, 2)`` (b, pos):
         its node token, or with ``text_spans`` its text's last token."""
         B = input_ids.shape[0]
-        M = self.num_nodes
-        if M == 0:
-            raise ValueError("the graph batch is empty (no nodes)")
-        if (
-            self.node_text.dim() != 3
-            or tuple(self.node_text_mask.shape) != self.node_text.shape[:2]
-        ):
-            raise ValueError("node_text must be (M, Lt, text_dim) with node_text_mask (M, Lt)")
-        if not bool(self.node_text_mask.any(-1).all()):
-            raise ValueError("every node needs at least one text token in node_text_mask")
-        if self.edge_index.dim() != 2 or self.edge_index.shape[0] != 2:
-            raise ValueError(f"edge_index must be (2, E), got {tuple(self.edge_index.shape)}")
-        if self.edge_index.numel() and (
-            int(self.edge_index.min()) < 0 or int(self.edge_index.max()) >= M
-        ):
-            raise ValueError(f"edge_index refers to nodes outside 0..{M - 1}")
-        if self.edge_index.numel() and bool(
-            (self.node_batch[self.edge_index[0]] != self.node_batch[self.edge_index[1]]).any()
-        ):
-            raise ValueError("an edge connects nodes of different graphs")
-        if self.edge_attr is not None and self.edge_attr.shape[0] != self.edge_index.shape[1]:
-            raise ValueError("edge_attr must have one row per edge")
-        if self.node_batch.shape != (M,) or bool(
-            (self.node_batch[1:] < self.node_batch[:-1]).any()
-        ):
-            raise ValueError(
-                "node_batch must be (M,) and non-decreasing (nodes grouped by sequence)"
-            )
+        self._check_shapes()
         per_seq_nodes = torch.bincount(self.node_batch, minlength=B)
         if per_seq_nodes.numel() > B:
             raise ValueError(
@@ -219,19 +208,49 @@ class GraphBatch:
                     f"tokens {per_seq_tokens.tolist()}"
                 )
         if self.target_nodes is not None:
-            t = self.target_nodes
-            no_graph = per_seq_nodes[:B] == 0
-            if (
-                t.shape != (B,)
-                or bool(((t < -1) | (t >= M)).any())
-                or bool(((t == -1) & ~no_graph).any())
-                or bool(((t >= 0) & (self.node_batch[t.clamp_min(0)] != torch.arange(B))).any())
-            ):
-                raise ValueError(
-                    "target_nodes must be (B,): each sequence's target as a global index of one "
-                    "of its own nodes (-1 for a sequence without a graph)"
-                )
+            self._check_targets(B, per_seq_nodes[:B] == 0)
         return slots
+
+    def _check_shapes(self) -> None:
+        """Node texts, edges and ``node_batch`` are consistent with each other."""
+        M = self.num_nodes
+        if M == 0:
+            raise ValueError("the graph batch is empty (no nodes)")
+        if (
+            self.node_text.dim() != 3
+            or tuple(self.node_text_mask.shape) != self.node_text.shape[:2]
+        ):
+            raise ValueError("node_text must be (M, Lt, text_dim) with node_text_mask (M, Lt)")
+        if not bool(self.node_text_mask.any(-1).all()):
+            raise ValueError("every node needs at least one text token in node_text_mask")
+        ei = self.edge_index
+        if ei.dim() != 2 or ei.shape[0] != 2:
+            raise ValueError(f"edge_index must be (2, E), got {tuple(ei.shape)}")
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= M):
+            raise ValueError(f"edge_index refers to nodes outside 0..{M - 1}")
+        if ei.numel() and bool((self.node_batch[ei[0]] != self.node_batch[ei[1]]).any()):
+            raise ValueError("an edge connects nodes of different graphs")
+        if self.edge_attr is not None and self.edge_attr.shape[0] != ei.shape[1]:
+            raise ValueError("edge_attr must have one row per edge")
+        if self.node_batch.shape != (M,) or bool(
+            (self.node_batch[1:] < self.node_batch[:-1]).any()
+        ):
+            raise ValueError(
+                "node_batch must be (M,) and non-decreasing (nodes grouped by sequence)"
+            )
+
+    def _check_targets(self, B: int, no_graph: Tensor) -> None:
+        t, M = self.target_nodes, self.num_nodes
+        if (
+            t.shape != (B,)
+            or bool(((t < -1) | (t >= M)).any())
+            or bool(((t == -1) & ~no_graph).any())
+            or bool(((t >= 0) & (self.node_batch[t.clamp_min(0)] != torch.arange(B))).any())
+        ):
+            raise ValueError(
+                "target_nodes must be (B,): each sequence's target as a global index of one "
+                "of its own nodes (-1 for a sequence without a graph)"
+            )
 
     def _span_slots(self, input_ids: Tensor, node_token_id: int) -> Tensor:
         """Prompts that hold every node's text (``text_spans``) and no node token: each node's

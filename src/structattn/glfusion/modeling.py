@@ -144,6 +144,14 @@ def _mean_ce(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float(), labels, ignore_index=-100)
 
 
+def _token_ids(ids: int | list[int] | None, device) -> Tensor | None:
+    """One token id or a list of them as a long tensor (None stays None)."""
+    if ids is None:
+        return None
+    return torch.tensor([ids] if isinstance(ids, int) else list(ids), dtype=torch.long,
+                        device=device)  # fmt: skip
+
+
 def _inner(base: nn.Module) -> nn.Module:
     """The ``LlamaForCausalLM`` under any peft wrapper."""
     return base.get_base_model() if hasattr(base, "get_base_model") else base
@@ -510,10 +518,9 @@ class GLFusionForCausalLM(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Continue each prompt (a graph may sit in it) with a key/value cache.
 
-        The prompt runs once (the prefill): node tokens, the structure-aware mask, message
-        passing and cross-attention as in :meth:`forward`. Each new token then reads the cache
-        and, as text after the graph, cross-attends to every node text of its graph; nothing of
-        the prompt is recomputed. Prompts may be padded on either side (``attention_mask``).
+        The prompt runs once (the prefill) as in :meth:`forward`; each new token reads the
+        cache and, as text after the graph, cross-attends to its graph (what each layer reads
+        is kept from the first step). Prompts may be padded on either side.
 
         Returns the new tokens ``(B, N)`` (``pad_token_id`` after a sequence's
         ``eos_token_id``, one id or a list: the tokenizer's end-of-text and end-of-turn), and
@@ -523,35 +530,20 @@ class GLFusionForCausalLM(nn.Module):
         """
         from transformers import DynamicCache
 
-        B, S = input_ids.shape
+        B, dev = input_ids.shape[0], input_ids.device
         mask, next_pos = self._generation_start(input_ids, attention_mask, max_new_tokens)
         if do_sample and temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-
+        generator = None if seed is None else torch.Generator(device=dev).manual_seed(seed)
         cache = DynamicCache(config=_inner(self.base).config)
         memory: dict = {}  # what each cross-attention layer reads, for every step
-        prefill_memory = memory if self.gated else None  # the paper's form projects it later
-        logits = self._pass(input_ids, mask, graph, cache, prefill_memory).logits  # prefill
-        last = S - 1 - mask.bool().flip(-1).long().argmax(-1)  # (B,) last real column
-        step_logits = logits[torch.arange(B, device=logits.device), last]  # (B, vocab)
-        if graph is None:
-            after_graph = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        else:  # the rows with a graph (none of them holds a node token in the gated form)
-            after_graph = torch.bincount(graph.node_batch, minlength=B)[:B].to(input_ids.device) > 0
+        step_logits, after_graph = self._prefill(input_ids, mask, graph, cache, memory)
         cfg = self.config
-        special = torch.tensor(
-            [cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=input_ids.device
-        )
+        special = torch.tensor([cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=dev)
+        stops = _token_ids(eos_token_id, dev)
         keys = mask.clone()
         tokens, chosen = [], []
-        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        stops = None
-        if eos_token_id is not None:
-            ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-            stops = torch.tensor(ids, dtype=torch.long, device=input_ids.device)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
         for t in range(max_new_tokens):
             chosen.append(step_logits)
             # the graph's special tokens are never generated: a new <node> has no node
@@ -569,6 +561,20 @@ class GLFusionForCausalLM(nn.Module):
             )
         out = torch.stack(tokens, dim=1)
         return (out, torch.stack(chosen, dim=1)) if return_logits else out
+
+    def _prefill(self, input_ids, mask, graph, cache, memory) -> tuple[Tensor, Tensor]:
+        """The prompt's pass into ``cache`` (and, in the gated form, what cross-attention reads
+        into ``memory``): the logits after each row's last real token ``(B, vocab)`` and which
+        rows have a graph ``(B,)``."""
+        B, S = input_ids.shape
+        prefill_memory = memory if self.gated else None  # the paper's form projects it later
+        logits = self._pass(input_ids, mask, graph, cache, prefill_memory).logits
+        last = S - 1 - mask.bool().flip(-1).long().argmax(-1)  # (B,) last real column
+        step_logits = logits[torch.arange(B, device=logits.device), last]
+        if graph is None:
+            return step_logits, torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        has_graph = torch.bincount(graph.node_batch, minlength=B)[:B] > 0
+        return step_logits, has_graph.to(input_ids.device)
 
     def _generation_start(self, input_ids, attention_mask, max_new_tokens: int):
         """The checked prompt mask ``(B, S)`` long and each row's next position ``(B,)``."""
