@@ -167,8 +167,16 @@ def test_edges_matter_only_through_message_passing():
 def test_generation_at_initialisation_is_the_base_llms_and_the_cache_is_exact():
     model = gated_lm(seed=5)
     ids, mask, graph = gated_batch(model, (3, 2), seed=5, left_pad=True)
-    assert torch.equal(model.generate(ids, mask, graph, max_new_tokens=6),
-                       model.generate(ids, mask, max_new_tokens=6))  # fmt: skip
+    new, logits = model.generate(ids, mask, graph, max_new_tokens=6, return_logits=True)
+    for b in range(2):  # the base LLM on the row alone, without padding, and what it chose
+        row = torch.cat([ids[b, mask[b].bool()], new[b, :5]])
+        with torch.no_grad():
+            want = model(row[None]).logits[0, -6:]
+        assert torch.allclose(logits[b], want, atol=1e-10, rtol=0)
+        c = model.config
+        allowed = want.index_fill(-1, torch.tensor([c.graph_start_id, c.node_id, c.graph_end_id]),
+                                  float("-inf"))  # never generated  # fmt: skip
+        assert torch.equal(new[b], allowed.argmax(-1))
     # with the paths open, each cached step's logits are those of a full pass over the prompt
     # followed by the tokens generated so far
     open_outputs(model, seed=5)
@@ -257,3 +265,24 @@ def test_a_config_saved_before_the_gated_form_loads_as_the_papers(tmp_path):
     assert GLFusionConfig().variant == "gated"
     with pytest.raises(ValueError, match="variant"):
         GLFusionConfig(variant="other").resolve(4)
+
+
+def test_spans_over_padding_are_named_and_old_configs_mean_the_papers_form():
+    from structattn.engine.config import default_config
+    from structattn.experiments.glfusion.code.config import CodeNamesConfig
+    from structattn.experiments.glfusion.config import GLFusionTrainConfig
+
+    model = gated_lm()
+    ids, mask, graph = gated_batch(model, (3, 1), seed=2, left_pad=True)
+    assert not bool(mask[1, :2].any())  # row 1 is padded on the left
+    spans = graph.text_spans.clone()
+    spans[-1] = torch.tensor([0, 3])  # its node's text over the padding
+    unshifted = GraphBatch(graph.node_text, graph.node_text_mask, graph.edge_index,
+                           graph.node_batch, target_nodes=graph.target_nodes,
+                           text_spans=spans)  # fmt: skip
+    with pytest.raises(ValueError, match="padding"):
+        model(ids, mask, graph=unshifted)
+    # a saved run config without `variant` was written before the gated form: resuming,
+    # predicting and reusing it read it as the paper's form
+    for cls in (GLFusionTrainConfig, CodeNamesConfig):
+        assert default_config(cls)["variant"] == "paper" and cls.__dataclass_fields__

@@ -525,8 +525,11 @@ def _same_path(saved: Any, current: Any) -> bool:
 
 
 def default_config(cls) -> dict[str, Any] | None:
-    """The plain form of ``cls()``, or ``None`` when the class has no valid default."""
+    """The plain form of ``cls()``, or ``None`` when the class has no valid default: what a
+    saved config means by a key it lacks. A class's ``SAVED_DEFAULTS`` (a mapping) names keys
+    whose default changed since configs without them were written, with their old value."""
     try:
-        return config_to_dict(cls())
+        values = config_to_dict(cls())
     except (TypeError, ValueError):
         return None
+    return {**values, **getattr(cls, "SAVED_DEFAULTS", {})}

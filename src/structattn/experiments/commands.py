@@ -57,7 +57,8 @@ class PresetCommand:
         saved = saved_run_config(args)
         if saved is not None:
             path, values = saved
-            values = cls.adopt_saved(values)
+            legacy = getattr(cls.config_class, "SAVED_DEFAULTS", {})
+            values = cls.adopt_saved({**legacy, **values})  # keys older configs lack
             return cls(str(path), SAVED_PRESET, build_dataclass(cls.config_class, values))
         config, preset = preset_from_args(args, cls.default_config)
         return cls(config, preset, load_config(cls.config_class, config, preset))

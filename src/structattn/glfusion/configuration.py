@@ -2,10 +2,12 @@
 
 Two variants share the modules and differ in how the graph reaches the text:
 
-* ``gated`` (the default): the node texts are part of the prompt as plain text, and the node
-  tokens are hidden from it; graph information reaches the text only through tanh-gated
-  cross-attention from the text to the node-token states, whose output projection starts at 0.
-  As initialised, the model's logits on the text are exactly its base LLM's on that text.
+* ``gated`` (the default): the node texts are part of the prompt as plain text and each
+  node's slot is the last token of its text; graph information enters only through residual
+  writes whose output projections start at 0 (the slot's input, message passing on the slots,
+  cross-attention from the text after the graph to them), so as initialised the model's logits
+  are exactly its base LLM's on that prompt. It always normalises inside message passing
+  (``message_passing_norm`` is set).
 * ``paper``: the paper's form: node tokens carry the node texts (pooled encodings), the text
   after the graph attends to them directly, and cross-attention reads the node texts' token
   encodings.

@@ -188,8 +188,8 @@ class NodeStateCrossAttention(nn.Module):
 
     ``h <- h + tanh(g) * W_o(attention(q(norm h), k(norm n), v(norm n)))`` over the nodes ``n``
     of the position's graph, only at positions after the graph (others add 0). ``W_o`` starts
-    at 0 and ``g`` at 1, so the text is the base LLM's until ``W_o`` learns (the Flamingo rule:
-    the graph reaches the text only through this gated path).
+    at 0 and ``g`` at 1, so this path adds nothing until ``W_o`` learns and learns from the
+    first step.
 
     Args:
         hidden_size: ``D`` of the LM.

@@ -187,9 +187,12 @@ class GraphBatch:
             torch.cat(spans) if text_spans is not None else None,
         )
 
-    def validate(self, input_ids: Tensor, node_token_id: int) -> Tensor:
+    def validate(
+        self, input_ids: Tensor, node_token_id: int, attention_mask: Tensor | None = None
+    ) -> Tensor:
         """Check the batch against the prompts; return each node's slot ``(M, 2)`` (b, pos):
-        its node token, or with ``text_spans`` its text's last token."""
+        its node token, or with ``text_spans`` its text's last token (every span column a real
+        token of ``attention_mask``)."""
         B = input_ids.shape[0]
         self._check_shapes()
         per_seq_nodes = torch.bincount(self.node_batch, minlength=B)
@@ -198,7 +201,7 @@ class GraphBatch:
                 f"node_batch names sequence {per_seq_nodes.numel() - 1} of a batch of {B}"
             )
         if self.text_spans is not None:
-            slots = self._span_slots(input_ids, node_token_id)
+            slots = self._span_slots(input_ids, node_token_id, attention_mask)
         else:
             slots = torch.nonzero(input_ids == node_token_id)  # (M', 2) sorted by (b, pos)
             per_seq_tokens = torch.bincount(slots[:, 0], minlength=B)
@@ -252,7 +255,7 @@ class GraphBatch:
                 "of its own nodes (-1 for a sequence without a graph)"
             )
 
-    def _span_slots(self, input_ids: Tensor, node_token_id: int) -> Tensor:
+    def _span_slots(self, input_ids: Tensor, node_token_id: int, attention_mask=None) -> Tensor:
         """Prompts that hold every node's text (``text_spans``) and no node token: each node's
         slot ``(M, 2)``, the (row, column) of its text's last token. Spans must be non-empty,
         inside their prompt and must not overlap."""
@@ -274,4 +277,7 @@ class GraphBatch:
         cols = start.repeat_interleave(lengths) + offsets
         if torch.unique(rows * S + cols).numel() != rows.numel():
             raise ValueError("text_spans overlap: a column holds the text of two nodes")
+        if attention_mask is not None and not bool(attention_mask.bool()[rows, cols].all()):
+            raise ValueError("text_spans cover padding: shift each span by its row's left "
+                             "padding (spans are columns of the padded prompt)")  # fmt: skip
         return torch.stack([self.node_batch, end - 1], dim=1)

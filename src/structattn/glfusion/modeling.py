@@ -6,12 +6,13 @@ cross-attention carries graph information to the text; a GNN head over the final
 states and the LM head form the twin predictor, trained with ``CE(GNN) + CE(LM)``. Two forms
 (:data:`~.configuration.VARIANTS`):
 
-* ``gated`` (default): the prompt also holds every node's text as plain text; the node tokens
-  (``<node> ...`` after the node texts) read the instruction, their own node's text and each
-  other, and the text never attends to them (:func:`.masking.build_gated_mask`). Text after the
-  graph reads the node-token states through gated cross-attention
-  (:class:`NodeStateCrossAttention`), whose output starts at 0: as initialised, the logits of
-  the text are exactly the base LLM's on the same prompt without the node tokens.
+* ``gated`` (default): the prompt holds every node's text as plain text instead of node
+  tokens (``GraphBatch.text_spans``); the last token of a node's text is its slot. The mask and
+  positions are the base LLM's own. Graph information enters through residual writes whose
+  output projections start at 0: the node-text encoding added to the slot's input, message
+  passing on the slot states (later text reads them through ordinary self-attention), and
+  cross-attention from the text after the graph to them (:class:`NodeStateCrossAttention`).
+  As initialised, the logits are exactly the base LLM's on the same prompt.
 * ``paper``: ``<graph_start> <node> ... <graph_end>``; each ``<node>`` token's input embedding
   is its node text's pooled encoding through a learned projection, node tokens share one
   position, the structure-aware mask lets node tokens see the text before the graph and each
@@ -368,9 +369,14 @@ class GLFusionForCausalLM(nn.Module):
         """No graph: exactly the base model's logits (``cache``, a transformers
         ``DynamicCache``, is filled with the keys and values)."""
         self._check_no_nodes(input_ids)
+        positions = None  # left padding: positions count the real tokens, as decoding does
+        if attention_mask is not None and not bool(attention_mask[:, 0].bool().all()):
+            positions = node_position_ids(torch.zeros_like(input_ids, dtype=torch.bool),
+                                          attention_mask)  # fmt: skip
         out = self.base(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            position_ids=positions,
             use_cache=cache is not None,
             **({"cache": cache} if cache is not None else {}),
         )
@@ -410,7 +416,9 @@ class GLFusionForCausalLM(nn.Module):
                     "the gated form's graphs give each node's text_spans in the prompt; the "
                     "paper's form's give none (its prompts hold <node> tokens)"
                 )
-            slots = graph.validate(input_ids, self.config.node_id)
+            slots = graph.validate(input_ids, self.config.node_id, attention_mask)
+            if blocks is not None and bool((blocks[slots[:, 0], slots[:, 1]] != 0).any()):
+                raise ValueError("every node's text must sit in the prompt (block 0)")
             embeds = self._embed(input_ids, graph, slots)
             graph_pass = GraphPass(self, graph, slots, attention_mask, memory=memory)
             allowed, positions = self._layout(input_ids, attention_mask, graph, slots, graph_pass)

@@ -39,7 +39,7 @@ def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
     if not (rd.file(NodeClassification.BEST_MODEL) / "glfusion_config.json").is_file():
         raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
     values["resume"] = False
-    values.setdefault("variant", "paper")  # saved before the gated form: the paper's prompts
+    values = {**GLFusionTrainConfig.SAVED_DEFAULTS, **values}  # saved before the gated form
     saved = rd.file(NodeClassification.GRAPH)
     graph_path = values.get("graph_path")
     if values.get("dataset") == "file" and saved.is_dir() and not Path(str(graph_path)).is_dir():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from structattn.data.base import default_data_dir
 from structattn.engine.config import OptimConfig, RunConfig, TrainConfig, load_config
@@ -80,6 +81,9 @@ class CodeNamesConfig(RunConfig):
     module_lr: float | None = None  # GL-Fusion modules: node projection, MP, cross-attention
     head_lr: float | None = None  # the twin GNN head
     lora_lr: float | None = None  # the LoRA adapters (every LLM model)
+
+    #: a config saved before the gated form existed is the paper's form (engine.default_config)
+    SAVED_DEFAULTS: ClassVar[dict] = {"variant": "paper"}
 
     def __post_init__(self) -> None:
         if self.dataset != "code-names":

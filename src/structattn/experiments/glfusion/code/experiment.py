@@ -280,8 +280,8 @@ class LLMNaming(MethodNaming):
         return ["lm"] + (["gnn"] if self.graph_mode and self.cfg.gnn_head else [])
 
     def val_metrics(self, model: nn.Module, limit: int | None) -> dict[str, float]:
-        """Validation F1 of every head; ``f1``, which picks the checkpoint, is the best head's,
-        so the weights kept are those of the head :meth:`report` reports."""
+        """Validation F1 of every head; ``f1``, which picks the checkpoint, is the best head's
+        (:meth:`report` then reports the head that is best on the whole validation split)."""
         by_head = {h: self.scores(model, "val", limit, head=h)[0] for h in self.heads}
         best = max(self.heads, key=lambda h: (by_head[h]["f1"], h == "lm"))
         return {**by_head[best], **{f"{h}_f1": v["f1"] for h, v in by_head.items()}}

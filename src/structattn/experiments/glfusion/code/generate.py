@@ -46,7 +46,12 @@ def _run(run_dir: Path) -> tuple[RunDir, CodeNamesConfig, Vocabulary]:
     values = rd.read_config()
     if values.get("dataset") != "code-names":
         raise RunError(f"{run_dir} is not a code-names run (its config has no dataset: code-names)")
-    values.setdefault("variant", "paper")  # saved before the gated form: the paper's prompts
+    if "variant" not in values and values.get("model") in ("llm-tree", "llm-code"):
+        raise RunError(
+            f'{run_dir} was trained on the earlier prompts (the cue "\\nName:", the '
+            "target ending in the end-of-text token): retrain it to name functions"
+        )
+    values = {**CodeNamesConfig.SAVED_DEFAULTS, **values}  # a run saved before the gated form
     cfg = build_dataclass(CodeNamesConfig, values)
     if not rd.best.is_file():
         raise RunError(f"{run_dir} has no {rd.BEST} (did the run finish?)")

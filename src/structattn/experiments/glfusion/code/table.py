@@ -101,6 +101,8 @@ class _Jobs:
         changes, _ = ROWS[row]
         preset = self.gnn_preset if _base_model(row) in GNN_MODELS else self.preset
         extra = {**self.overrides, **changes, "seed": seed, "run_dir": run_dir, "resume": resume}
+        if "optim" in changes:  # a row's optimiser changes go on top of the caller's
+            extra["optim"] = {**self.overrides.get("optim", {}), **changes["optim"]}
         if lr is not None and row not in FIXED_RATE_ROWS:
             extra["optim"] = {**extra.get("optim", {}), "lr": lr}
         return load_code_config(self.config, preset, **extra)
