@@ -36,6 +36,7 @@ __all__ = [
     "build_example",
     "chat_parts",
     "collate_examples",
+    "fitted_lines",
     "label_token_ids",
     "mean_pool",
     "node_lines",
@@ -104,15 +105,12 @@ def build_example(
     spans = None
     if config.variant == "gated":
         head = tok(GATED_INSTRUCTION)
-        body, spans = node_lines(texts, tok, max_prompt_tokens - len(head) - len(tail),
-                                 node_text_tokens, tok("\n"))  # fmt: skip
-        n = sum(b > a for a, b in spans)
-        if n == 0:
-            raise ValueError(f"max_prompt_tokens={max_prompt_tokens} holds no line of node "
-                             f"{target}'s text beside the instruction and answer cue")  # fmt: skip
-        inside = (edges < n).all(0)
-        nodes, edges, texts = nodes[:n], edges[:, inside], texts[:n]
-        spans = [(a + len(head), b + len(head)) for a, b in spans[:n]]
+        budget = max_prompt_tokens - len(head) - len(tail)
+        where = f"node {target}: max_prompt_tokens={max_prompt_tokens}"
+        body, spans = fitted_lines(texts, tok, budget, node_text_tokens, tok("\n"), len(head),
+                                   where)  # fmt: skip
+        n = len(spans)
+        nodes, edges, texts = nodes[:n], edges[:, (edges < n).all(0)], texts[:n]
         prompt = head + body + tail
     else:
         graph_tokens = [config.graph_start_id, *[config.node_id] * len(nodes), config.graph_end_id]
@@ -139,6 +137,18 @@ def node_lines(texts: list[str], tok, budget: int, per_node: int,
         spans.append((len(ids), len(ids) + len(line)))
         ids += line
     return ids, spans
+
+
+def fitted_lines(texts: list[str], tok, budget: int, per_node: int, newline: list[int],
+                 offset: int, where: str) -> tuple[list[int], list[tuple[int, int]]]:  # fmt: skip
+    """:func:`node_lines` for a prompt whose lines start at column ``offset``: the ids and the
+    spans of the nodes whose line fits (a prefix of ``texts``; nodes past it leave the graph),
+    shifted to prompt columns. No line fitting is an error naming ``where``."""
+    body, spans = node_lines(texts, tok, budget, per_node, newline)
+    kept = [(a + offset, b + offset) for a, b in spans if b > a]
+    if not kept:
+        raise ValueError(f"{where} holds no node's line beside the instruction and answer cue")
+    return body, kept
 
 
 def chat_parts(tokenizer) -> tuple[list[int], list[int]]:

@@ -37,7 +37,7 @@ from torch_geometric.utils import scatter
 from structattn.data.code import EDGE_TEXTS, MAX_SUBTOKENS, CodeExample, split_subtokens
 from structattn.glfusion.graph import GraphBatch
 from structattn.glfusion.modeling import GLFusionForCausalLM
-from structattn.glfusion.prompts import node_lines
+from structattn.glfusion.prompts import fitted_lines, node_lines
 
 __all__ = [
     "LLM_MODELS",
@@ -117,20 +117,17 @@ def build_prompt(ex: CodeExample, mode: str, tokenizer, spec: PromptSpec,
     budget = spec.max_prompt_tokens - len(head) - len(tail)
     if mode == "llm-code":
         return NamingPrompt(head + _cut(tok(ex.source), budget) + tail, target, ex.subtokens)
-    body, spans = node_lines(ex.node_texts(), tok, budget, spec.node_text_tokens, tok(END))
     if mode == "llm-tree":
+        body, _ = node_lines(ex.node_texts(), tok, budget, spec.node_text_tokens, tok(END))
         return NamingPrompt(head + body + tail, target, ex.subtokens)
-    kept = [i for i, (a, b) in enumerate(spans) if b > a]  # a prefix: lines are whole
-    if not kept:
-        raise ValueError(f"{ex.qualname}: max_prompt_tokens={spec.max_prompt_tokens} holds no "
-                         "node's line beside the instruction and cue")  # fmt: skip
+    body, spans = fitted_lines(ex.node_texts(), tok, budget, spec.node_text_tokens, tok(END),
+                               len(head), f"{ex.qualname}: max_prompt_tokens="
+                               f"{spec.max_prompt_tokens}")  # fmt: skip
     edges, etexts = edge_lists(ex)
-    inside = (edges < len(kept)).all(0)
-    texts = ex.node_texts()[: len(kept)]
-    spans = [(a + len(head), b + len(head)) for a, b in spans[: len(kept)]]
-    return NamingPrompt(head + body + tail, target, ex.subtokens, name_ids, texts,
-                        edges[:, inside], [t for t, k in zip(etexts, inside.tolist()) if k],
-                        spans)  # fmt: skip
+    inside = (edges < len(spans)).all(0)
+    return NamingPrompt(head + body + tail, target, ex.subtokens, name_ids,
+                        ex.node_texts()[: len(spans)], edges[:, inside],
+                        [t for t, k in zip(etexts, inside.tolist()) if k], spans)  # fmt: skip
 
 
 def _paper_prompt(ex, tok, tokenizer, spec, name_ids) -> NamingPrompt:
