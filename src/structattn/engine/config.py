@@ -533,3 +533,10 @@ def default_config(cls) -> dict[str, Any] | None:
     except (TypeError, ValueError):
         return None
     return {**values, **getattr(cls, "SAVED_DEFAULTS", {})}
+
+
+def with_saved_defaults(cls, values: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's ``values`` with the keys it lacks that ``cls.SAVED_DEFAULTS`` names, at
+    the value they meant when it was written."""
+    return {**values, **{k: v for k, v in getattr(cls, "SAVED_DEFAULTS", {}).items()
+                         if k not in values}}  # fmt: skip

@@ -12,7 +12,13 @@ from typing import Any, ClassVar
 
 import tyro
 
-from structattn.engine.config import build_dataclass, find_config, load_config, preset_from_args
+from structattn.engine.config import (
+    build_dataclass,
+    find_config,
+    load_config,
+    preset_from_args,
+    with_saved_defaults,
+)
 from structattn.engine.rundir import RunDir
 from structattn.errors import ConfigError, RunError
 
@@ -57,8 +63,7 @@ class PresetCommand:
         saved = saved_run_config(args)
         if saved is not None:
             path, values = saved
-            legacy = getattr(cls.config_class, "SAVED_DEFAULTS", {})
-            values = cls.adopt_saved({**legacy, **values})  # keys older configs lack
+            values = cls.adopt_saved(with_saved_defaults(cls.config_class, values))
             return cls(str(path), SAVED_PRESET, build_dataclass(cls.config_class, values))
         config, preset = preset_from_args(args, cls.default_config)
         return cls(config, preset, load_config(cls.config_class, config, preset))

@@ -12,6 +12,7 @@ import torch
 from structattn.data.base import default_data_dir
 from structattn.data.graphs import TextAttributedGraph
 from structattn.engine import RunDir
+from structattn.engine.config import with_saved_defaults
 from structattn.errors import ConfigError, RunError
 from structattn.experiments import check_run_kind
 from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
@@ -39,7 +40,7 @@ def load_run_config(run_dir: Path) -> GLFusionTrainConfig:
     if not (rd.file(NodeClassification.BEST_MODEL) / "glfusion_config.json").is_file():
         raise RunError(f"{run_dir} has no best/ weights (did the run finish?)")
     values["resume"] = False
-    values = {**GLFusionTrainConfig.SAVED_DEFAULTS, **values}  # saved before the gated form
+    values = with_saved_defaults(GLFusionTrainConfig, values)
     saved = rd.file(NodeClassification.GRAPH)
     graph_path = values.get("graph_path")
     if values.get("dataset") == "file" and saved.is_dir() and not Path(str(graph_path)).is_dir():

@@ -283,13 +283,13 @@ class LLMNaming(MethodNaming):
         """Validation F1 of every head; ``f1``, which picks the checkpoint, is the best head's
         (:meth:`report` then reports the head that is best on the whole validation split)."""
         by_head = {h: self.scores(model, "val", limit, head=h)[0] for h in self.heads}
-        best = max(self.heads, key=lambda h: (by_head[h]["f1"], h == "lm"))
+        best = _best_head({h: v["f1"] for h, v in by_head.items()})
         return {**by_head[best], **{f"{h}_f1": v["f1"] for h, v in by_head.items()}}
 
     def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
         heads = self.heads
         by_head = {h: {s: self.scores(model, s, head=h) for s in ("val", "test")} for h in heads}
-        chosen = max(heads, key=lambda h: (by_head[h]["val"][0]["f1"], h == "lm"))
+        chosen = _best_head({h: v["val"][0]["f1"] for h, v in by_head.items()})
         val, test = by_head[chosen]["val"][0], by_head[chosen]["test"][0]
         preds = by_head[chosen]["test"][1]
         pairs = list(zip(self.splits["test"], preds))[:EXAMPLES_SHOWN]
@@ -312,6 +312,11 @@ class LLMNaming(MethodNaming):
             self.engine.write_json("vocabulary.json", self.vocab.to_dict())
             self.engine.dir.write_text("results.md", run_table(results) + "\n")
         return results
+
+
+def _best_head(val_f1: dict[str, float]) -> str:
+    """The head with the best validation F1; a tie goes to the LM head (the generated names)."""
+    return max(val_f1, key=lambda h: (val_f1[h], h == "lm"))
 
 
 def prompt_spec(cfg: CodeNamesConfig, glf_config) -> PromptSpec:

@@ -14,7 +14,7 @@ import torch
 from structattn.data.code import function_examples
 from structattn.engine import RunDir
 from structattn.engine.checkpoint import load_weights
-from structattn.engine.config import build_dataclass
+from structattn.engine.config import build_dataclass, with_saved_defaults
 from structattn.errors import ConfigError, RunError
 
 from .config import GNN_MODELS, CodeNamesConfig
@@ -51,7 +51,7 @@ def _run(run_dir: Path) -> tuple[RunDir, CodeNamesConfig, Vocabulary]:
             f'{run_dir} was trained on the earlier prompts (the cue "\\nName:", the '
             "target ending in the end-of-text token): retrain it to name functions"
         )
-    values = {**CodeNamesConfig.SAVED_DEFAULTS, **values}  # a run saved before the gated form
+    values = with_saved_defaults(CodeNamesConfig, values)
     cfg = build_dataclass(CodeNamesConfig, values)
     if not rd.best.is_file():
         raise RunError(f"{run_dir} has no {rd.BEST} (did the run finish?)")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from structattn.engine import config_to_dict, json_safe
-from structattn.engine.config import default_config
+from structattn.engine.config import default_config, merge_overrides
 from structattn.errors import ConfigError, RunError
 
 from ...stats import mean_std, paired_difference
@@ -100,9 +100,8 @@ class _Jobs:
     def resolved(self, row, seed, run_dir, lr=None, resume=False) -> CodeNamesConfig:
         changes, _ = ROWS[row]
         preset = self.gnn_preset if _base_model(row) in GNN_MODELS else self.preset
-        extra = {**self.overrides, **changes, "seed": seed, "run_dir": run_dir, "resume": resume}
-        if "optim" in changes:  # a row's optimiser changes go on top of the caller's
-            extra["optim"] = {**self.overrides.get("optim", {}), **changes["optim"]}
+        extra = {**merge_overrides(self.overrides, changes), "seed": seed, "run_dir": run_dir,
+                 "resume": resume}  # fmt: skip
         if lr is not None and row not in FIXED_RATE_ROWS:
             extra["optim"] = {**extra.get("optim", {}), "lr": lr}
         return load_code_config(self.config, preset, **extra)
