@@ -143,8 +143,8 @@ def test_question_prompts_go_through_the_chat_template_and_point_at_each_nodes_l
     from helpers import tiny_glfusion_models
 
     from structattn.experiments.glfusion.generate import question_prompt
+    from structattn.experiments.glfusion.prompts import chat_parts
     from structattn.glfusion import GLFusionConfig
-    from structattn.glfusion.prompts import chat_parts
 
     (_, tok), _ = tiny_glfusion_models(tmp_path)
     assert chat_parts(tok) == ([], [])  # no template: the question alone

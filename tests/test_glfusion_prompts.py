@@ -6,8 +6,8 @@ import torch
 from helpers import tiny_llama, word_tokenizer
 
 from structattn.data.graphs import read_wordnet_nouns
+from structattn.experiments.glfusion.prompts import build_example, collate_examples, label_token_ids
 from structattn.glfusion import GLFusionConfig, GLFusionForCausalLM
-from structattn.glfusion.prompts import build_example, collate_examples, label_token_ids
 
 WORDNET = (
     "\n".join(

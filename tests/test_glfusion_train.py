@@ -519,8 +519,8 @@ def test_edge_texts_become_edge_features_end_to_end(tmp_path):
     from structattn.data.graphs import read_wordnet_nouns
     from structattn.errors import ConfigError
     from structattn.experiments.glfusion import predict_nodes
+    from structattn.experiments.glfusion.prompts import build_example, collate_examples
     from structattn.glfusion.configuration import GLFusionConfig
-    from structattn.glfusion.prompts import build_example, collate_examples
 
     write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
     g = read_wordnet_nouns(tmp_path / "data" / "wordnet" / "data.noun", seed=0)

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 
 from structattn.data.base import default_data_dir
-from structattn.data.graphs import TextAttributedGraph, read_ogbn_arxiv, read_wordnet_nouns
+from structattn.data.graphs import TextAttributedGraph, graph_reader, read_graph
 from structattn.engine.config import (
     RESUMABLE_CHANGES,
     OptimConfig,
@@ -84,7 +84,7 @@ class GLFusionTrainConfig(RunConfig):
     optim: OptimConfig = field(default_factory=_default_optim)  # AdamW + schedule
     train: TrainConfig = field(default_factory=_default_train)  # steps, batch, eval, stop_at
 
-    dataset: str = "wordnet"  # wordnet (offline stand-in) | arxiv (OGB layout) | file
+    dataset: str = "wordnet"  # a data.graphs.GRAPH_READERS name: wordnet (stand-in), arxiv, file
     graph_path: Path | None = None  # dataset=file: a folder written by TextAttributedGraph.save
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     arxiv_root: Path | None = None  # OGB ogbn_arxiv folder (raw/, split/, mapping/)
@@ -129,8 +129,7 @@ class GLFusionTrainConfig(RunConfig):
     SAVED_DEFAULTS: ClassVar[dict] = {"variant": "paper"}
 
     def __post_init__(self) -> None:
-        if self.dataset not in ("wordnet", "arxiv", "file"):
-            raise ValueError(f"dataset must be wordnet, arxiv or file, got {self.dataset!r}")
+        graph_reader(self.dataset)  # a name no reader is registered under is refused here
         if self.dataset == "file" and self.graph_path is None:
             raise ValueError("dataset=file needs graph_path (a folder written by graph.save)")
         if self.llm_dtype not in LLM_DTYPES:
@@ -180,14 +179,8 @@ def _data_root(cfg: GLFusionTrainConfig) -> Path:
 
 
 def load_graph(cfg: GLFusionTrainConfig) -> TextAttributedGraph:
-    """The graph ``cfg.dataset`` names."""
-    if cfg.dataset == "wordnet":
-        return read_wordnet_nouns(_data_root(cfg) / "wordnet" / "data.noun", seed=cfg.seed)
-    if cfg.dataset == "file":
-        return TextAttributedGraph.load(cfg.graph_path)
-    if cfg.arxiv_root is None or cfg.arxiv_titleabs is None:
-        raise ValueError("dataset=arxiv needs arxiv_root and arxiv_titleabs")
-    return read_ogbn_arxiv(cfg.arxiv_root, cfg.arxiv_titleabs)
+    """The graph ``cfg.dataset`` names (its reader in ``data.graphs.GRAPH_READERS``)."""
+    return read_graph(cfg.dataset, cfg, _data_root(cfg))
 
 
 def load_models(cfg: GLFusionTrainConfig, llm=None, encoder=None) -> tuple[tuple, tuple]:

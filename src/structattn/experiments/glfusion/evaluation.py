@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from structattn.errors import ConfigError
+from structattn.experiments.glfusion.prompts import collate_examples
 from structattn.glfusion.modeling import GLFusionForCausalLM
-from structattn.glfusion.prompts import collate_examples
 
 __all__ = [
     "WEIGHT_GRID",

@@ -11,8 +11,13 @@ import torch
 
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
+from structattn.experiments.glfusion.prompts import (
+    build_example,
+    chat_parts,
+    collate_examples,
+    node_lines,
+)
 from structattn.glfusion.build import stop_token_ids
-from structattn.glfusion.prompts import build_example, chat_parts, collate_examples, node_lines
 
 from .predict import load_run, node_indices
 

@@ -15,9 +15,9 @@ from structattn.engine import RunDir
 from structattn.engine.config import with_saved_defaults
 from structattn.errors import ConfigError, RunError
 from structattn.experiments import check_run_kind
+from structattn.experiments.glfusion.prompts import label_token_ids
 from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
 from structattn.glfusion.modeling import GLFusionForCausalLM
-from structattn.glfusion.prompts import label_token_ids
 
 from .config import (
     LLM_DTYPES,

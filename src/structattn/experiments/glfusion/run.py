@@ -14,11 +14,16 @@ from structattn.data.graphs import TextAttributedGraph
 from structattn.engine import Experiment, FitResult, json_safe
 from structattn.engine.loop import stop_requested
 from structattn.errors import ConfigError
+from structattn.experiments.glfusion.prompts import (
+    NodeExample,
+    collate_examples,
+    label_token_ids,
+    mean_pool,
+)
 from structattn.glfusion.build import check_layers
 from structattn.glfusion.configuration import GLFusionConfig
 from structattn.glfusion.loading import EncodingCache, llm_layer_count, quiet_library_warnings
 from structattn.glfusion.modeling import GLFusionForCausalLM, apply_lora
-from structattn.glfusion.prompts import NodeExample, collate_examples, label_token_ids, mean_pool
 from structattn.utils.fingerprint import fingerprint
 
 from .baselines import run_baselines

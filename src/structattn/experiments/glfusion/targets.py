@@ -6,8 +6,8 @@ import torch
 
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
+from structattn.experiments.glfusion.prompts import NodeExample, build_example
 from structattn.glfusion.configuration import GLFusionConfig
-from structattn.glfusion.prompts import NodeExample, build_example
 
 from .config import GLFusionTrainConfig
 

@@ -35,9 +35,9 @@ from torch import Tensor, nn
 from torch_geometric.utils import scatter
 
 from structattn.data.code import EDGE_TEXTS, MAX_SUBTOKENS, CodeExample, split_subtokens
+from structattn.experiments.glfusion.prompts import fitted_lines, node_lines
 from structattn.glfusion.graph import GraphBatch
 from structattn.glfusion.modeling import GLFusionForCausalLM
-from structattn.glfusion.prompts import fitted_lines, node_lines
 
 __all__ = [
     "LLM_MODELS",
@@ -167,7 +167,7 @@ def collate_prompts(
     ``with_targets``, else the prompt alone) and, for graph prompts, the :class:`GraphBatch`
     (node texts from ``encode``; with ``edge_features`` the mean-pooled edge-text encodings)
     and ``name_ids (B, 5)``."""
-    from structattn.glfusion.prompts import mean_pool
+    from structattn.experiments.glfusion.prompts import mean_pool
 
     seqs = [p.prompt_ids + (p.target_ids if with_targets else []) for p in prompts]
     ids, mask = _pad(seqs, 0)

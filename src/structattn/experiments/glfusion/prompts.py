@@ -27,9 +27,8 @@ import torch
 from torch import Tensor
 
 from structattn.data.graphs import TextAttributedGraph, sample_subgraph
-
-from .configuration import GLFusionConfig
-from .graph import GraphBatch
+from structattn.glfusion.configuration import GLFusionConfig
+from structattn.glfusion.graph import GraphBatch
 
 __all__ = [
     "NodeExample",

@@ -1,22 +1,9 @@
-"""Text-attributed graphs: one in-memory form, WordNet nouns (offline stand-in), ogbn-arxiv.
-
-* :class:`TextAttributedGraph` holds node texts, labels with names, splits and ``edge_index``
-  (optionally edge texts) and converts to a ``torch_geometric`` ``Data``.
-* :func:`read_wordnet_nouns` parses WordNet's ``data.noun`` (Debian ``wordnet-base``): a node per
-  noun synset, text = lemmas + gloss, edges = hypernym (``@``) and instance-hypernym (``@i``)
-  pointers, label = lexicographer file (26 classes ``noun.Tops`` .. ``noun.time``), seeded split.
-* :func:`read_ogbn_arxiv` reads OGB's on-disk layout of ogbn-arxiv (``raw/edge.csv.gz``,
-  ``raw/node-label.csv.gz``, ``split/time/{train,valid,test}.csv.gz``,
-  ``mapping/nodeidx2paperid.csv.gz``, ``mapping/labelidx2arxivcategeory.csv.gz``) joined with the
-  title/abstract TSV (``paper id<TAB>title<TAB>abstract``).
-* :func:`sample_subgraph` takes a k-hop neighbourhood around a target with a node cap.
-"""
+"""The in-memory form of a text-attributed graph: :class:`TextAttributedGraph` holds node
+texts, labels with names, splits and ``edge_index`` (optionally edge texts and node ids), checks
+them, saves / loads a folder and converts to and from ``torch_geometric``."""
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import math
 import warnings
 from collections import Counter
@@ -29,45 +16,7 @@ from torch import Tensor
 from structattn.errors import DataError
 from structattn.utils.files import atomic_path
 
-from .base import split_indices
-
-__all__ = [
-    "TextAttributedGraph",
-    "WORDNET_NOUN_CLASSES",
-    "read_ogbn_arxiv",
-    "read_wordnet_nouns",
-    "sample_subgraph",
-]
-
-#: Lexicographer files of noun synsets (lex_filenum 3..28), in order.
-WORDNET_NOUN_CLASSES = [
-    "noun.Tops",
-    "noun.act",
-    "noun.animal",
-    "noun.artifact",
-    "noun.attribute",
-    "noun.body",
-    "noun.cognition",
-    "noun.communication",
-    "noun.event",
-    "noun.feeling",
-    "noun.food",
-    "noun.group",
-    "noun.location",
-    "noun.motive",
-    "noun.object",
-    "noun.person",
-    "noun.phenomenon",
-    "noun.plant",
-    "noun.possession",
-    "noun.process",
-    "noun.quantity",
-    "noun.relation",
-    "noun.shape",
-    "noun.state",
-    "noun.substance",
-    "noun.time",
-]
+__all__ = ["TextAttributedGraph"]
 
 
 def _is_integer(t: Tensor) -> bool:
@@ -115,6 +64,32 @@ def _labels_from(y, label_names) -> Tensor:
             )
         return torch.tensor([-1 if unlabelled(v) else index[v] for v in values], dtype=torch.long)
     return _class_indices(torch.as_tensor(y).reshape(-1), "data.y")
+
+
+def _splits_from(data, split: dict | None, n: int) -> dict[str, Tensor]:
+    """``{"train" / "val" / "test": node indices}`` from ``split`` (indices or ``(N,)`` bool
+    masks) or, without it, from ``data``'s ``train_mask`` / ``val_mask`` / ``test_mask``."""
+    if split is None:
+        split = {}
+        for key in ("train", "val", "test"):
+            mask = getattr(data, f"{key}_mask", None)
+            if mask is None:
+                raise ValueError(f"data has no {key}_mask (or pass split={{...}})")
+            mask = torch.as_tensor(mask)
+            if mask.dtype != torch.bool or mask.shape != (n,):
+                raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
+            split[key] = mask
+    splits = {}
+    for key in ("train", "val", "test"):
+        if key not in split:
+            raise ValueError(f"split has no {key!r} entry")
+        idx = torch.as_tensor(split[key])
+        if idx.dtype == torch.bool:
+            if idx.shape != (n,):
+                raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
+            idx = idx.nonzero().flatten()
+        splits[key] = _class_indices(idx.reshape(-1), f"the {key} split")
+    return splits
 
 
 @dataclass
@@ -170,6 +145,13 @@ class TextAttributedGraph:
         repeats a node, names a node that does not exist, or shares nodes with another split
         (a test node that is also a training node would be scored on what it was trained
         on)."""
+        n = self._validate_texts()
+        self._validate_labels(n)
+        self._validate_edges(n)
+        self._validate_node_ids(n)
+        self._validate_splits(n)
+
+    def _validate_texts(self) -> int:
         if not isinstance(self.node_texts, (list, tuple)):  # a string would be one node a char
             got = _describe(self.node_texts)
             raise ValueError(f"node_texts must be a list of strings (one per node), got {got}")
@@ -182,6 +164,9 @@ class TextAttributedGraph:
         blank = [i for i, t in enumerate(self.node_texts) if not t.strip()]
         if blank:
             raise ValueError(f"{len(blank)} node(s) {blank[:10]} have an empty text")
+        return n
+
+    def _validate_labels(self, n: int) -> None:
         names = self.label_names
         if not isinstance(names, (list, tuple)) or not all(isinstance(x, str) for x in names):
             raise ValueError(f"label_names must be a list of strings, got {_describe(names)}")
@@ -205,6 +190,8 @@ class TextAttributedGraph:
                 f"{bad.numel()} node(s) {bad[:10].tolist()} have labels outside 0..{k - 1} "
                 f"({k} label names; -1 marks an unlabelled node)"
             )
+
+    def _validate_edges(self, n: int) -> None:
         ei = self.edge_index
         if not isinstance(ei, Tensor) or ei.dim() != 2 or ei.shape[0] != 2 or not _is_integer(ei):
             raise ValueError(f"edge_index must be (2, E) integers, got {_describe(ei)}")
@@ -216,7 +203,9 @@ class TextAttributedGraph:
             )
         if self.edge_texts is not None and len(self.edge_texts) != ei.shape[1]:
             raise ValueError(f"{len(self.edge_texts)} edge texts for {ei.shape[1]} edges")
-        self._validate_node_ids(n)
+
+    def _validate_splits(self, n: int) -> None:
+        k, y = len(self.label_names), self.labels
         owner = torch.full((n,), -1, dtype=torch.long)  # which split each node is in
         for number, (key, idx) in enumerate(self.splits.items()):
             if not isinstance(idx, Tensor) or idx.dim() != 1 or not _is_integer(idx):
@@ -332,26 +321,7 @@ class TextAttributedGraph:
         if y is None:
             raise ValueError("data.y (one class index per node) is required")
         y = _labels_from(y, label_names)
-        if split is None:
-            split = {}
-            for key in ("train", "val", "test"):
-                mask = getattr(data, f"{key}_mask", None)
-                if mask is None:
-                    raise ValueError(f"data has no {key}_mask (or pass split={{...}})")
-                mask = torch.as_tensor(mask)
-                if mask.dtype != torch.bool or mask.shape != (n,):
-                    raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
-                split[key] = mask
-        splits = {}
-        for key in ("train", "val", "test"):
-            if key not in split:
-                raise ValueError(f"split has no {key!r} entry")
-            idx = torch.as_tensor(split[key])
-            if idx.dtype == torch.bool:
-                if idx.shape != (n,):
-                    raise ValueError(f"{key}_mask must be (N,) bool = ({n},)")
-                idx = idx.nonzero().flatten()
-            splits[key] = _class_indices(idx.reshape(-1), f"the {key} split")
+        splits = _splits_from(data, split, n)
         return cls(
             name=name,
             node_texts=list(texts),
@@ -448,212 +418,3 @@ class TextAttributedGraph:
             f"graph {self.name}: {self.source} [{kind}]\n  {self.num_nodes} nodes, "
             f"{self.edge_index.shape[1]} edges, {len(self.label_names)} classes; {sizes}"
         )
-
-
-#: WordNet pointer symbols kept as edges, and the edge text each gives.
-_WORDNET_RELATIONS = {"@": "hypernym", "@i": "instance hypernym"}
-
-
-def read_wordnet_nouns(
-    path: str | Path, seed: int = 0, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
-) -> TextAttributedGraph:
-    """Parse WordNet's ``data.noun``. Raises ``ValueError`` naming the file and line on a
-    malformed data line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"WordNet data.noun not found: {path} (run `make data`)")
-    offsets, texts, labels, pointers = [], [], [], []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.startswith("  ") or not line.strip():
-                continue  # licence header
-            try:
-                head, _, gloss = line.partition(" | ")
-                fields = head.split()
-                offset, lex_filenum, ss_type = fields[0], int(fields[1]), fields[2]
-                if ss_type != "n" or not 3 <= lex_filenum <= 28 or len(offset) != 8:
-                    raise ValueError(f"not a noun synset (type {ss_type!r}, lexfile {lex_filenum})")
-                w_cnt = int(fields[3], 16)
-                words = [fields[4 + 2 * i].replace("_", " ") for i in range(w_cnt)]
-                p_at = 4 + 2 * w_cnt
-                p_cnt = int(fields[p_at])
-                ptrs = []
-                for i in range(p_cnt):
-                    symbol, target, pos = fields[p_at + 1 + 4 * i : p_at + 4 + 4 * i]
-                    if symbol in ("@", "@i") and pos == "n":
-                        ptrs.append((target, _WORDNET_RELATIONS[symbol]))
-                if len(fields) < p_at + 1 + 4 * p_cnt:
-                    raise ValueError("pointer list shorter than its count")
-            except (IndexError, ValueError) as err:
-                raise DataError(f"{path}:{lineno}: malformed WordNet data line ({err})") from None
-            offsets.append(offset)
-            texts.append(f"{', '.join(words)}: {gloss.strip()}")
-            labels.append(lex_filenum - 3)
-            pointers.append(ptrs)
-    if not offsets:
-        raise DataError(f"{path}: no noun synsets found")
-    index = {off: i for i, off in enumerate(offsets)}
-    src, dst, relations = [], [], []
-    for i, ptrs in enumerate(pointers):
-        for target, relation in ptrs:
-            if target in index:
-                src.append(i)
-                dst.append(index[target])
-                relations.append(relation)
-    edge_index = torch.tensor([src, dst], dtype=torch.long).reshape(2, -1)
-    parts = split_indices(len(offsets), list(fractions), seed=seed)
-    return TextAttributedGraph(
-        name="wordnet-nouns",
-        node_texts=texts,
-        labels=torch.tensor(labels),
-        label_names=[n.removeprefix("noun.") for n in WORDNET_NOUN_CLASSES],
-        edge_index=edge_index,
-        splits=dict(zip(("train", "val", "test"), parts)),
-        source="WordNet 3.0 noun synsets (stand-in for ogbn-arxiv)",
-        stand_in=True,
-        node_ids=offsets,
-        edge_texts=relations,  # synset -> its hypernym; the other way is "reverse: ..."
-    )
-
-
-def _read_csv_gz(path: Path) -> list[list[str]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"ogbn-arxiv file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as f:
-        return [row for row in csv.reader(f) if row]
-
-
-def _ints(rows: list[list[str]], path: Path, skip_header: bool = False) -> list[list[int]]:
-    out = []
-    for lineno, row in enumerate(rows, start=1):
-        if skip_header and lineno == 1:
-            continue
-        try:
-            out.append([int(x) for x in row])
-        except ValueError:
-            raise DataError(f"{path}:{lineno}: expected integers, got {row!r}") from None
-    return out
-
-
-def read_ogbn_arxiv(root: str | Path, titleabs: str | Path) -> TextAttributedGraph:
-    """ogbn-arxiv from OGB's folder ``root`` (``raw/``, ``split/time/``, ``mapping/``) and the
-    title/abstract TSV. Node text = title + abstract; the time split of OGB."""
-    root, titleabs = Path(root), Path(titleabs)
-    edges = _ints(_read_csv_gz(root / "raw" / "edge.csv.gz"), root / "raw" / "edge.csv.gz")
-    labels = _ints(
-        _read_csv_gz(root / "raw" / "node-label.csv.gz"), root / "raw" / "node-label.csv.gz"
-    )
-    n = len(labels)
-    mapping_path = root / "mapping" / "nodeidx2paperid.csv.gz"
-    mapping = _ints(_read_csv_gz(mapping_path), mapping_path, skip_header=True)
-    if len(mapping) != n:
-        raise DataError(f"{mapping_path}: {len(mapping)} rows but {n} node labels")
-    label_path = root / "mapping" / "labelidx2arxivcategeory.csv.gz"
-    label_rows = _read_csv_gz(label_path)[1:]
-    label_names = [row[1].replace("arxiv cs ", "cs.") for row in label_rows]
-    splits = {}
-    for ours, theirs in (("train", "train"), ("val", "valid"), ("test", "test")):
-        path = root / "split" / "time" / f"{theirs}.csv.gz"
-        splits[ours] = torch.tensor([r[0] for r in _ints(_read_csv_gz(path), path)])
-    paper_text: dict[int, str] = {}
-    if not titleabs.is_file():
-        raise FileNotFoundError(f"title/abstract TSV not found: {titleabs}")
-    opener = gzip.open if titleabs.suffix == ".gz" else open
-    with opener(titleabs, "rb") as raw:
-        for lineno, line in enumerate(
-            io.TextIOWrapper(raw, encoding="utf-8", errors="replace"), start=1
-        ):
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) < 3 or not parts[0].strip().isdigit():
-                if lineno == 1:
-                    continue  # a header
-                raise DataError(f"{titleabs}:{lineno}: expected 'paper id<TAB>title<TAB>abstract'")
-            paper_text[int(parts[0])] = f"{parts[1].strip()}. {parts[2].strip()}"
-    texts = []
-    for i, row in enumerate(mapping):
-        if len(row) != 2 or row[0] != i:
-            raise DataError(f"{mapping_path}:{i + 2}: expected 'node idx,paper id' for node {i}")
-        paper = row[1]
-        if paper not in paper_text:
-            raise DataError(f"{titleabs}: no title/abstract for paper {paper} (node {i})")
-        texts.append(paper_text[paper])
-    edge_index = torch.tensor(edges, dtype=torch.long).reshape(-1, 2).T.contiguous()
-    if edge_index.numel() and int(edge_index.max()) >= n:
-        raise DataError(f"{root / 'raw' / 'edge.csv.gz'}: edge to node >= {n}")
-    return TextAttributedGraph(
-        name="ogbn-arxiv",
-        node_texts=texts,
-        labels=torch.tensor([r[0] for r in labels]),
-        label_names=label_names,
-        edge_index=edge_index,
-        splits=splits,
-        source="ogbn-arxiv (OGB time split) with titles and abstracts",
-        stand_in=False,
-        node_ids=[str(row[1]) for row in mapping],
-    )
-
-
-def _undirected_csr(graph: TextAttributedGraph) -> tuple[Tensor, Tensor]:
-    """``(rowptr (N + 1,), col (2E',))`` of the graph with edges taken both ways, duplicates and
-    self-loops as ``to_undirected`` leaves them; built once per graph and kept on it."""
-    cached = getattr(graph, "_csr", None)
-    if cached is not None and cached[0] is graph.edge_index:
-        return cached[1], cached[2]
-    from torch_geometric.utils import to_undirected
-
-    und = to_undirected(graph.edge_index, num_nodes=graph.num_nodes)  # coalesced: sorted by row
-    counts = torch.bincount(und[0], minlength=graph.num_nodes)
-    rowptr = torch.zeros(graph.num_nodes + 1, dtype=torch.long)
-    rowptr[1:] = counts.cumsum(0)
-    graph._csr = (graph.edge_index, rowptr, und[1].contiguous())
-    return rowptr, und[1]
-
-
-def sample_subgraph(
-    graph: TextAttributedGraph, target: int, num_hops: int = 2, max_nodes: int = 16, seed: int = 0
-) -> tuple[Tensor, Tensor]:
-    """Nodes within ``num_hops`` of ``target`` (edges taken as undirected), at most
-    ``max_nodes``: the target first, then nearer hops before farther ones, ties broken by a
-    seeded shuffle. Returns ``(nodes (n,), local edge_index (2, E'))`` with both edge directions.
-
-    A breadth-first search over a CSR index of the graph (built once, kept on the graph): the
-    cost grows with the neighbourhood, never with the graph (ogbn-arxiv: 169k targets)."""
-    if max_nodes < 1:
-        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
-    if not 0 <= target < graph.num_nodes:
-        raise ValueError(f"target {target} outside 0..{graph.num_nodes - 1}")
-    rowptr, col = _undirected_csr(graph)
-
-    def neighbours(nodes: Tensor) -> Tensor:
-        if nodes.numel() == 0:
-            return nodes
-        starts, ends = rowptr[nodes], rowptr[nodes + 1]
-        sizes = ends - starts
-        offsets = torch.repeat_interleave(starts - sizes.cumsum(0) + sizes, sizes)
-        return col[offsets + torch.arange(int(sizes.sum()))]
-
-    chosen = [target]
-    seen = {target}
-    frontier = torch.tensor([target])
-    g = torch.Generator().manual_seed(seed * 1_000_003 + target)
-    for _ in range(num_hops):
-        if len(chosen) >= max_nodes:
-            break
-        ring = neighbours(frontier).unique()  # sorted
-        new = [int(v) for v in ring if int(v) not in seen]
-        seen.update(new)  # every node at this distance, chosen or not, is no longer new
-        order = torch.randperm(len(new), generator=g).tolist()
-        chosen.extend(new[i] for i in order[: max_nodes - len(chosen)])
-        frontier = torch.tensor(new, dtype=torch.long)
-    nodes = torch.tensor(chosen)
-    inside = torch.zeros(graph.num_nodes, dtype=torch.bool)
-    inside[nodes] = True
-    src = nodes.sort().values  # rows in ascending order, as the coalesced edge list has them
-    sizes = rowptr[src + 1] - rowptr[src]
-    rows = torch.repeat_interleave(src, sizes)
-    cols = neighbours(src)
-    keep = inside[cols]
-    local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
-    local[nodes] = torch.arange(len(nodes))  # global id -> position in `nodes` (target = 0)
-    return nodes, torch.stack([local[rows[keep]], local[cols[keep]]])
