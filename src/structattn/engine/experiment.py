@@ -92,6 +92,10 @@ class Experiment:
     curve: str = "acc"
     #: Checkpoint only the parameters that train (a frozen base model is not copied).
     only_trainable: bool = False
+    #: Some parameters may get no gradient in a step (a GL-Fusion path with nothing to read in
+    #: a batch, the graph tokens of the gated form): distributed training then looks for them
+    #: after each backward instead of waiting for their gradients.
+    unused_parameters: bool = False
 
     def __init__(self, cfg: Any, progress: bool = True):
         self.cfg = cfg
@@ -145,6 +149,7 @@ class Experiment:
             only_trainable=self.only_trainable,
             select=self.select,
             curve=self.curve,
+            unused_parameters=self.unused_parameters,
         )
 
     def run(self) -> dict[str, Any]:

@@ -177,8 +177,9 @@ class Engine:
         resumable: frozenset[str] = RESUMABLE_CHANGES,
         overwrite: bool = False,
         defaults: dict[str, Any] | None = None,
+        unused_parameters: bool = False,
     ):
-        from accelerate import Accelerator
+        from accelerate import Accelerator, DistributedDataParallelKwargs
         from accelerate.utils import set_seed
 
         check_optim(optim)  # before anything is written
@@ -193,7 +194,8 @@ class Engine:
         multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
         mixed = "bf16" if train.bf16 else "no"
         _release_precision(mixed)
-        self.accelerator = Accelerator(mixed_precision=mixed, cpu=multi_cpu)
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=unused_parameters)
+        self.accelerator = Accelerator(mixed_precision=mixed, cpu=multi_cpu, kwargs_handlers=[ddp])
         self.is_main = self.accelerator.is_main_process
         if overwrite and resume:
             raise RunError("--overwrite starts the run afresh: it cannot be combined with --resume")

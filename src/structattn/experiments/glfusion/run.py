@@ -108,6 +108,7 @@ class NodeClassification(Experiment):
     passed in (tests), else they are loaded offline."""
 
     only_trainable = True  # the frozen LLM is not copied into every checkpoint
+    unused_parameters = True  # a path with nothing to read in a batch gets no gradient
     #: Say on stderr, at the start, what the run leaves out of the graph (unread edge texts,
     #: validation / test nodes beyond max_val / max_test).
     notify = True

@@ -171,6 +171,7 @@ class LLMNaming(MethodNaming):
     ``encoder`` (``(model, tokenizer)`` pairs) may be passed in (tests); else they load offline."""
 
     only_trainable = True  # the frozen LLM is not copied into every checkpoint
+    unused_parameters = True  # a path with nothing to read in a batch gets no gradient
 
     def __init__(self, cfg, data=None, llm=None, encoder=None, progress: bool = True):
         super().__init__(cfg, data, progress)
