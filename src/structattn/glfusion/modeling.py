@@ -30,13 +30,14 @@ One method per purpose: :meth:`~GLFusionForCausalLM.forward` is the training pas
 transformers contract), :meth:`~GLFusionForCausalLM.node_logits` the GNN head,
 :meth:`~GLFusionForCausalLM.score_labels` the LM head over label names,
 :meth:`~GLFusionForCausalLM.predict` both heads and their ensemble, and
-:meth:`~GLFusionForCausalLM.generate` continues a prompt on a key/value cache.
+:meth:`~GLFusionForCausalLM.generate` continues a prompt on a key/value cache. The model and
+its passes live here, the layer wrapper in :mod:`.layers`, the heads in :mod:`.heads` and
+generation in :mod:`.generation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,7 +47,16 @@ from torch import Tensor, nn
 
 from .configuration import GRAPH_TOKENS, GLFusionConfig
 from .cross_attention import GraphTextCrossAttention, NodeStateCrossAttention
+from .generation import GraphGeneration
 from .graph import GraphBatch
+from .heads import TwinHeads
+from .layers import (
+    GLFusionOutput,
+    GraphAwareLayer,
+    GraphPass,
+    inner_model,
+    make_graph_aware,
+)
 from .loading import quiet_library_warnings
 from .masking import build_structure_mask, node_position_ids, to_additive_mask
 from .message_passing import NodeMessagePassing
@@ -59,103 +69,6 @@ __all__ = [
     "add_graph_tokens",
     "apply_lora",
 ]
-
-
-@dataclass
-class GLFusionOutput:
-    logits: Tensor  # (B, S, vocab) LM logits
-    node_logits: Tensor | None = None  # (M, num_node_classes) GNN head, when a graph is given
-    loss: Tensor | None = None  # CE(GNN) + w * CE(LM) over whichever labels were given
-    lm_loss: Tensor | None = None
-    gnn_loss: Tensor | None = None
-
-
-@dataclass
-class GraphPass:
-    """One pass's graph, as the decoder layers need it: it travels with every layer call (the
-    ``glf_pass`` keyword), so a layer that gradient checkpointing replays with its keywords sees
-    the same graph. A prompt pass updates the node tokens at ``slots`` and collects the final
-    norm's output (``final_hidden``, for the GNN head); a decoding step (``after_graph`` set)
-    only cross-attends from the new text tokens."""
-
-    model: GLFusionForCausalLM  # whose message passing and cross-attention the layers run
-    graph: GraphBatch
-    slots: Tensor  # (M, 2) (row, column) of each node token; empty while decoding
-    attention_mask: Tensor | None = None  # (B, S) of the prompt
-    after_graph: Tensor | None = None  # (B,) bool, decoding: the row's new tokens follow a graph
-    final_hidden: Tensor | None = None  # (B, S, D) the final norm's output, set during the pass
-    #: what each cross-attention layer reads, kept for decoding (the graph does not change
-    #: while text is generated): the paper's form projects the node texts' keys and values at
-    #: the first new token; the gated form keeps its node states' keys and values from the
-    #: prompt pass
-    memory: dict[str, tuple[Tensor, Tensor]] | None = None
-    #: (B, S) bool, the gated form's prompt pass: the text positions after their graph
-    reads: Tensor | None = None
-
-    @property
-    def decoding(self) -> bool:
-        return self.after_graph is not None
-
-    def keep_final(self, module: nn.Module, args, output: Tensor) -> None:
-        """Forward hook of the base's final norm for the length of one pass."""
-        self.final_hidden = output
-
-    def message_passing(self, index: int, hidden: Tensor) -> Tensor:
-        return self.model._message_passing(index, self, hidden)
-
-    def cross_attention(self, index: int, hidden: Tensor) -> Tensor:
-        return self.model._cross_attention(index, self, hidden)
-
-
-class GraphAwareLayer:
-    """A decoder layer of the base that runs GL-Fusion's paths after itself: base layer ->
-    message passing -> cross-attention (each where configured for layer ``glf_index``). A base
-    layer's class is swapped for ``GraphAware<its class>`` (:func:`_make_graph_aware`), so its
-    parameters keep their names (LoRA adapters and saved runs are unaffected)."""
-
-    glf_index: int
-
-    def forward(self, *args, glf_pass: GraphPass | None = None, **kwargs):
-        output = super().forward(*args, **kwargs)
-        if glf_pass is None:
-            return output
-        hidden = output[0] if isinstance(output, tuple) else output
-        hidden = glf_pass.message_passing(self.glf_index, hidden)
-        hidden = glf_pass.cross_attention(self.glf_index, hidden)
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-
-_GRAPH_AWARE: dict[type, type] = {}
-
-
-def _make_graph_aware(layer: nn.Module, index: int) -> None:
-    cls = type(layer)
-    if not issubclass(cls, GraphAwareLayer):
-        if cls not in _GRAPH_AWARE:
-            _GRAPH_AWARE[cls] = type(f"GraphAware{cls.__name__}", (GraphAwareLayer, cls), {})
-        layer.__class__ = _GRAPH_AWARE[cls]
-    layer.glf_index = index
-
-
-def _mean_ce(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean cross-entropy over labels != -100; an exact, differentiable 0 when every label is
-    ignored (instead of the 0/0 NaN of ``F.cross_entropy``)."""
-    if not bool((labels != -100).any()):
-        return logits.float().sum() * 0.0
-    return F.cross_entropy(logits.float(), labels, ignore_index=-100)
-
-
-def _token_ids(ids: int | list[int] | None, device) -> Tensor | None:
-    """One token id or a list of them as a long tensor (None stays None)."""
-    if ids is None:
-        return None
-    return torch.tensor([ids] if isinstance(ids, int) else list(ids), dtype=torch.long,
-                        device=device)  # fmt: skip
-
-
-def _inner(base: nn.Module) -> nn.Module:
-    """The ``LlamaForCausalLM`` under any peft wrapper."""
-    return base.get_base_model() if hasattr(base, "get_base_model") else base
 
 
 def _fit_vocabulary(lm: nn.Module, config: GLFusionConfig) -> None:
@@ -172,12 +85,12 @@ def add_graph_tokens(tokenizer) -> dict[str, int]:
     return dict(zip(("graph_start_id", "node_id", "graph_end_id"), ids))
 
 
-class GLFusionForCausalLM(nn.Module):
+class GLFusionForCausalLM(TwinHeads, GraphGeneration, nn.Module):
     """GL-Fusion around a base causal LM. Build with :meth:`from_base`."""
 
     def __init__(self, base: nn.Module, config: GLFusionConfig):
         super().__init__()
-        inner = _inner(base)
+        inner = inner_model(base)
         self.base = base
         self.config = config.resolve(inner.config.num_hidden_layers)
         D = inner.config.hidden_size
@@ -208,7 +121,7 @@ class GLFusionForCausalLM(nn.Module):
         if config.target_marker:  # zero at init: the prompt means what it meant without it
             self.glf_target_marker = nn.Parameter(torch.zeros(D))
         for i, layer in enumerate(inner.model.layers):
-            _make_graph_aware(layer, i)
+            make_graph_aware(layer, i)
         self.to(emb.device, emb.dtype)
 
     # ------------------------------------------------------------------ construction
@@ -221,7 +134,7 @@ class GLFusionForCausalLM(nn.Module):
         are created: through ``tokenizer`` when given, else as three new ids past the vocabulary;
         the base's embeddings are resized to hold them."""
         config = config or GLFusionConfig()
-        inner = _inner(base_lm)
+        inner = inner_model(base_lm)
         if min(config.graph_start_id, config.node_id, config.graph_end_id) < 0:
             if tokenizer is not None:
                 ids = add_graph_tokens(tokenizer)
@@ -277,7 +190,7 @@ class GLFusionForCausalLM(nn.Module):
     def gradient_checkpointing_enable(self) -> None:
         """Recompute the base LM's layers in backward (non-reentrant checkpointing); a
         recomputed layer gets the same GraphPass as the first pass."""
-        _inner(self.base).gradient_checkpointing_enable(
+        inner_model(self.base).gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
 
@@ -287,7 +200,7 @@ class GLFusionForCausalLM(nn.Module):
         """Input embeddings: the paper's form replaces each node token's with its node text's
         projected encoding; the gated form adds that (normalised, through a projection that
         starts at 0) to the embedding of each node's slot, its text's last token."""
-        embeds = _inner(self.base).get_input_embeddings()(input_ids)  # (B, S, D)
+        embeds = inner_model(self.base).get_input_embeddings()(input_ids)  # (B, S, D)
         mask = graph.node_text_mask.unsqueeze(-1).to(graph.node_text.dtype)
         pooled = (graph.node_text * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # (M, text_dim)
         if self.gated:
@@ -348,13 +261,6 @@ class GLFusionForCausalLM(nn.Module):
         loss = sum(parts) if parts else None
         return dataclasses.replace(out, loss=loss, lm_loss=lm_loss, gnn_loss=gnn_loss)
 
-    def node_logits(
-        self, input_ids: Tensor, attention_mask: Tensor | None, graph: GraphBatch
-    ) -> Tensor:
-        """The GNN head over every node token, ``(M, num_node_classes)``, from one pass that
-        projects no vocabulary logits but the last position's."""
-        return self._prompt_pass(input_ids, attention_mask, graph, logits_to_keep=1).node_logits
-
     def _pass(self, input_ids, attention_mask, graph, cache=None, memory=None) -> GLFusionOutput:
         """The base model itself without a graph; the graph-aware pass with one."""
         if graph is None:
@@ -407,7 +313,7 @@ class GLFusionForCausalLM(nn.Module):
         node_mask = input_ids == self.config.node_id
         if graph is None:
             self._check_no_nodes(input_ids)
-            embeds = _inner(self.base).get_input_embeddings()(input_ids)
+            embeds = inner_model(self.base).get_input_embeddings()(input_ids)
             allowed = build_structure_mask(node_mask, attention_mask)
             positions = node_position_ids(node_mask, attention_mask)
         else:
@@ -467,7 +373,7 @@ class GLFusionForCausalLM(nn.Module):
         if graph_pass is not None:
             kwargs["glf_pass"] = graph_pass
             if not graph_pass.decoding:
-                norm = _inner(self.base).model.norm
+                norm = inner_model(self.base).model.norm
                 hook = norm.register_forward_hook(graph_pass.keep_final)
         try:
             return self.base(
@@ -482,252 +388,6 @@ class GLFusionForCausalLM(nn.Module):
             if hook is not None:
                 hook.remove()
 
-    @staticmethod
-    def _gnn_loss(node_logits: Tensor, node_labels: Tensor) -> Tensor:
-        M, C = node_logits.shape
-        if tuple(node_labels.shape) != (M,):
-            raise ValueError(
-                f"node_labels must be (M,) = ({M},), one per node, got {tuple(node_labels.shape)}"
-            )
-        bad = (node_labels != -100) & ((node_labels < 0) | (node_labels >= C))
-        if bool(bad.any()):
-            raise ValueError(
-                f"node_labels {sorted(set(node_labels[bad].tolist()))} outside 0..{C - 1} "
-                "(use -100 to ignore a node)"
-            )
-        return _mean_ce(node_logits, node_labels)
-
-    @staticmethod
-    def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
-        """Next-token cross-entropy (labels shifted inside, -100 ignored; 0 when all are)."""
-        if labels.shape != logits.shape[:2]:
-            raise ValueError(
-                f"labels must be (B, S) = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}"
-            )
-        return _mean_ce(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
-
-    # ------------------------------------------------------------------ generation
-
-    @torch.no_grad()
-    def generate(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None = None,
-        graph: GraphBatch | None = None,
-        *,
-        max_new_tokens: int = 20,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        eos_token_id: int | list[int] | None = None,
-        pad_token_id: int = 0,
-        seed: int | None = None,
-        return_logits: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Continue each prompt (a graph may sit in it) with a key/value cache.
-
-        The prompt runs once (the prefill) as in :meth:`forward`; each new token reads the
-        cache and, as text after the graph, cross-attends to its graph (what each layer reads
-        is kept from the first step). Prompts may be padded on either side.
-
-        Returns the new tokens ``(B, N)`` (``pad_token_id`` after a sequence's
-        ``eos_token_id``, one id or a list: the tokenizer's end-of-text and end-of-turn), and
-        with ``return_logits`` also the logits each was chosen from, ``(B, N, vocab)``.
-        Greedy unless ``do_sample`` (with ``temperature`` and ``top_k``);
-        ``<graph_start>``, ``<node>`` and ``<graph_end>`` are never chosen.
-        """
-        from transformers import DynamicCache
-
-        B, dev = input_ids.shape[0], input_ids.device
-        mask, next_pos = self._generation_start(input_ids, attention_mask, max_new_tokens)
-        if do_sample and temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        generator = None if seed is None else torch.Generator(device=dev).manual_seed(seed)
-        cache = DynamicCache(config=_inner(self.base).config)
-        memory: dict = {}  # what each cross-attention layer reads, for every step
-        step_logits, after_graph = self._prefill(input_ids, mask, graph, cache, memory)
-        cfg = self.config
-        special = torch.tensor([cfg.graph_start_id, cfg.node_id, cfg.graph_end_id], device=dev)
-        stops = _token_ids(eos_token_id, dev)
-        keys = mask.clone()
-        tokens, chosen = [], []
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
-        for t in range(max_new_tokens):
-            chosen.append(step_logits)
-            # the graph's special tokens are never generated: a new <node> has no node
-            allowed = step_logits.index_fill(-1, special, float("-inf"))
-            tok = self._choose(allowed, do_sample, temperature, top_k, generator)
-            tok = tok.masked_fill(done, pad_token_id)
-            tokens.append(tok)
-            if stops is not None:
-                done = done | torch.isin(tok, stops)
-            if t == max_new_tokens - 1 or bool(done.all()):
-                break
-            keys = torch.cat([keys, torch.ones_like(keys[:, :1])], dim=-1)
-            step_logits = self._decode_step(
-                tok[:, None], keys, next_pos + t, cache, graph, after_graph, memory
-            )
-        out = torch.stack(tokens, dim=1)
-        return (out, torch.stack(chosen, dim=1)) if return_logits else out
-
-    def _prefill(self, input_ids, mask, graph, cache, memory) -> tuple[Tensor, Tensor]:
-        """The prompt's pass into ``cache`` (and, in the gated form, what cross-attention reads
-        into ``memory``): the logits after each row's last real token ``(B, vocab)`` and which
-        rows have a graph ``(B,)``."""
-        B, S = input_ids.shape
-        prefill_memory = memory if self.gated else None  # the paper's form projects it later
-        logits = self._pass(input_ids, mask, graph, cache, prefill_memory).logits
-        last = S - 1 - mask.bool().flip(-1).long().argmax(-1)  # (B,) last real column
-        step_logits = logits[torch.arange(B, device=logits.device), last]
-        if graph is None:
-            return step_logits, torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        has_graph = torch.bincount(graph.node_batch, minlength=B)[:B] > 0
-        return step_logits, has_graph.to(input_ids.device)
-
-    def _generation_start(self, input_ids, attention_mask, max_new_tokens: int):
-        """The checked prompt mask ``(B, S)`` long and each row's next position ``(B,)``."""
-        B, S = input_ids.shape
-        if S == 0:
-            raise ValueError("cannot generate from an empty prompt (no tokens)")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
-        if tuple(mask.shape) != (B, S):
-            raise ValueError(f"attention_mask must be (B, S) = {(B, S)}, got {tuple(mask.shape)}")
-        if not bool(mask.bool().any(-1).all()):
-            raise ValueError("cannot generate from an empty prompt (a row without real tokens)")
-        limit = getattr(_inner(self.base).config, "max_position_embeddings", None)
-        positions = node_position_ids(input_ids == self.config.node_id, mask)
-        next_pos = positions.max(-1).values + 1  # (B,)
-        if limit is not None and int(next_pos.max()) + max_new_tokens > limit:
-            raise ValueError(
-                f"prompt + max_new_tokens reach position {int(next_pos.max()) + max_new_tokens}, "
-                f"past the base model's max_position_embeddings={limit}"
-            )
-        return mask, next_pos
-
-    @staticmethod
-    def _choose(logits, do_sample, temperature, top_k, generator) -> Tensor:
-        if not do_sample:
-            return logits.argmax(-1)
-        scores = logits.float() / temperature
-        if top_k and top_k < scores.shape[-1]:
-            kth = scores.topk(top_k, dim=-1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        return torch.multinomial(scores.softmax(-1), 1, generator=generator)[:, 0]
-
-    def _decode_step(self, tok, keys, pos, cache, graph, after_graph, memory=None) -> Tensor:
-        """Logits ``(B, vocab)`` after the text tokens ``tok (B, 1)`` at positions ``pos (B,)``;
-        ``keys (B, K)`` marks the real cached keys plus the new one."""
-        inner = _inner(self.base)
-        embeds = inner.get_input_embeddings()(tok)  # (B, 1, D)
-        allowed = keys.bool()[:, None, None, :]  # (B, 1, 1, K): every real key so far
-        graph_pass = None
-        if graph is not None:
-            empty = torch.zeros(0, 2, dtype=torch.long, device=tok.device)
-            graph_pass = GraphPass(self, graph, empty, after_graph=after_graph, memory=memory)
-        out = self._decoder(embeds, allowed, pos[:, None], graph_pass, cache)
-        return out.logits[:, -1]
-
-    # ------------------------------------------------------------------ twin predictor
-
-    @staticmethod
-    def _block_mask(allowed: Tensor, blocks: Tensor) -> Tensor:
-        """``allowed (B, 1, S, S)`` restricted so that a continuation sees only the prompt and
-        itself."""
-        same = blocks[:, :, None] == blocks[:, None, :]  # (B, S query, S key)
-        prompt_key = (blocks == 0)[:, None, :]
-        return allowed & (same | prompt_key)[:, None]
-
-    @staticmethod
-    def _block_positions(positions: Tensor, blocks: Tensor) -> Tensor:
-        """Positions with every continuation numbered on from the prompt's last position."""
-        B, S = blocks.shape
-        idx = torch.arange(S, device=blocks.device).expand(B, S)
-        in_prompt = blocks == 0
-        next_pos = positions.masked_fill(~in_prompt, -1).max(-1, keepdim=True).values + 1
-        change = torch.ones_like(in_prompt)
-        change[:, 1:] = blocks[:, 1:] != blocks[:, :-1]
-        start = torch.where(change, idx, torch.zeros_like(idx)).cummax(-1).values
-        return torch.where(in_prompt, positions, next_pos + idx - start)
-
-    def _score_pass(self, input_ids, attention_mask, graph, label_ids):
-        """One forward pass of each prompt followed by every label name (as continuations):
-        ``(scores (B, K), output)``."""
-        if not label_ids:
-            raise ValueError("label_ids is empty")
-        for k, tokens in enumerate(label_ids):
-            if len(tokens) == 0:
-                raise ValueError(f"label {k} has no tokens")
-        B, S = input_ids.shape
-        dev = input_ids.device
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.long()
-        real = mask.bool()
-        if not bool(real.any(-1).all()):
-            raise ValueError("every prompt needs at least one real token")
-        flat = torch.tensor([t for tokens in label_ids for t in tokens], device=dev)
-        block = torch.tensor(
-            [k + 1 for k, tokens in enumerate(label_ids) for _ in tokens], device=dev
-        )
-        n = flat.numel()
-        ids = torch.cat([input_ids, flat.expand(B, n)], 1)
-        full_mask = torch.cat([mask, torch.ones(B, n, dtype=mask.dtype, device=dev)], 1)
-        blocks = torch.cat([torch.zeros(B, S, dtype=torch.long, device=dev), block.expand(B, n)], 1)
-        last = S - 1 - real.flip(-1).long().argmax(-1)  # (B,) the prompt's last real token
-        # the token at column S + j is predicted by the column before it, or for a label's
-        # first token by the prompt's last real token
-        first = torch.ones(n, dtype=torch.bool, device=dev)
-        first[1:] = block[1:] != block[:-1]
-        cols = S + torch.arange(n, device=dev) - 1
-        pred = torch.where(first[None, :], last[:, None], cols[None, :])  # (B, n)
-        # vocabulary logits of the predicting positions only: (B, n, vocab), not (B, S + n, vocab)
-        out = self._prompt_pass(ids, full_mask, graph, blocks=blocks, logits_to_keep=pred)
-        dtype = torch.promote_types(out.logits.dtype, torch.float32)
-        logp = out.logits.to(dtype).log_softmax(-1)  # (B, n, vocab)
-        token_logp = logp.gather(2, flat.expand(B, n)[..., None])[..., 0]  # (B, n)
-        scores = torch.zeros(B, len(label_ids), dtype=dtype, device=dev)
-        scores.index_add_(1, block - 1, token_logp)
-        return scores, out
-
-    @torch.no_grad()
-    def score_labels(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        graph: GraphBatch | None,
-        label_ids: list[list[int]],
-    ) -> Tensor:
-        """Log-probability of each label name (token ids) right after each prompt: ``(B, K)``.
-
-        One forward pass: the label names follow the prompt as separate continuations (each sees
-        the prompt and itself only: ``blocks`` of :meth:`_prompt_pass`), so a name of several tokens
-        is scored exactly as the prompt followed by that name alone. Prompts may be padded on
-        either side."""
-        return self._score_pass(input_ids, attention_mask, graph, label_ids)[0]
-
-    @torch.no_grad()
-    def predict(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor | None,
-        graph: GraphBatch,
-        label_ids: list[list[int]],
-        weight: float = 0.5,
-    ) -> dict[str, Tensor]:
-        """GNN, LM and combined class distributions for each sequence's target node:
-        ``ensemble = weight * p_gnn + (1 - weight) * p_lm``; each ``(B, K)``."""
-        if graph.target_nodes is None:
-            raise ValueError("graph.target_nodes is required for predict")
-        if bool((graph.target_nodes < 0).any()):
-            rows = torch.nonzero(graph.target_nodes < 0).flatten().tolist()
-            raise ValueError(f"sequences {rows} have no graph (no target node) to predict for")
-        scores, out = self._score_pass(input_ids, attention_mask, graph, label_ids)
-        p_gnn = out.node_logits[graph.target_nodes].float().softmax(-1)  # one pass for both
-        p_lm = scores.softmax(-1)
-        if p_gnn.shape[-1] != p_lm.shape[-1]:
-            raise ValueError(f"{p_gnn.shape[-1]} GNN classes but {p_lm.shape[-1]} label names")
-        return {"gnn": p_gnn, "lm": p_lm, "ensemble": weight * p_gnn + (1 - weight) * p_lm}
-
     # ------------------------------------------------------------------ save / load
 
     def glfusion_state_dict(self) -> dict[str, Tensor]:
@@ -737,7 +397,7 @@ class GLFusionForCausalLM(nn.Module):
             for k, v in self.state_dict().items()
             if k.startswith("glf_")
         }
-        inner = _inner(self.base)
+        inner = inner_model(self.base)
         ids = torch.tensor(
             [self.config.graph_start_id, self.config.node_id, self.config.graph_end_id]
         )
@@ -784,7 +444,7 @@ class GLFusionForCausalLM(nn.Module):
         missing = [k for k in missing if k.startswith("glf_")]
         if missing or unexpected:
             raise ValueError(f"{path}: missing {missing}, unexpected {unexpected}")
-        inner = _inner(model.base)
+        inner = inner_model(model.base)
         ids = torch.tensor([config.graph_start_id, config.node_id, config.graph_end_id])
         with torch.no_grad():
             inner.get_input_embeddings().weight[ids] = rows["base_rows.embed_tokens"].to(
