@@ -242,7 +242,7 @@ def test_bidirectional_models_cannot_decode():
 
 
 def test_cache_repr_and_lengths():
-    cache = LMCache(("x",), 2, 2)
+    cache = LMCache(("x",), 2)
     assert cache.is_empty and cache.lengths is None and cache.get_seq_length() == 0
     assert "empty" in repr(cache) and len(cache) == 2
 

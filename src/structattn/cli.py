@@ -131,7 +131,7 @@ class Params:
     out: Path | None = None  # also write the counts as JSON here
 
     def run(self) -> None:
-        from structattn.hkt.model import SequenceClassifier, count_parameters
+        from structattn.hkt.model import ATTENTIONS, SequenceClassifier, count_parameters
 
         if self.out is not None and self.out.is_dir():
             raise ConfigError(f"--out {self.out} is a folder: give a file name (e.g. params.json)")
@@ -142,7 +142,7 @@ class Params:
             model = model.replace(**TASK_SHAPES[self.task])
         counts = {
             att: count_parameters(SequenceClassifier(model.replace(attention=att)))
-            for att in ("hkt", "mha")
+            for att in ATTENTIONS
         }
         print(
             f"d_model={model.d_model} n_layers={model.n_layers} n_heads={model.n_heads} "

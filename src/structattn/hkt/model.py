@@ -1,9 +1,11 @@
 """Sequence models on HKT attention or its flat multi-head-attention baseline.
 
 One pre-norm transformer stack, ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``, with the attention
-chosen by ``ModelConfig.attention``: ``"hkt"`` (:class:`HKTAttention`) or ``"mha"`` (standard
-multi-head attention through SDPA). Everything else is identical, so the baseline is the same
-model with flat attention.
+chosen by ``ModelConfig.attention`` from :data:`ATTENTIONS`: ``"hkt"`` (:class:`HKTAttention`)
+or ``"mha"`` (standard multi-head attention through SDPA). Everything else is identical, so the
+baseline is the same model with flat attention. A new attention is a module whose layer takes
+``(x (B, T, D), key_padding_mask, right_padded, cache)`` as these two do, plus one line
+``ATTENTIONS["name"] = Layer.from_config`` (see ``tests/test_attention_registry.py``).
 
 * :class:`SequenceClassifier`: token + learned position embeddings, the stack, final LayerNorm,
   pooling (mean over real tokens, or the last real token), linear head.
@@ -15,6 +17,7 @@ Shapes: ``tokens (B, T)`` int64 (0 = padding), ``mask (B, T)`` bool (True = real
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -36,6 +39,7 @@ from .kernels.sdpa import masked_sdpa
 from .levels import is_right_padded
 
 __all__ = [
+    "ATTENTIONS",
     "CausalLM",
     "ModelOutput",
     "ModelConfig",
@@ -43,8 +47,6 @@ __all__ = [
     "SequenceClassifier",
     "count_parameters",
 ]
-
-ATTENTIONS = ("hkt", "mha")
 
 #: Flat HKT keys of older ``model`` sections, now under ``model.hkt``.
 _LEGACY_HKT_KEYS = (
@@ -80,7 +82,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+            known = ", ".join(ATTENTIONS)
+            raise ValueError(f"attention must be one of {known}, got {self.attention!r}")
         if self.pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
         for name in (
@@ -248,6 +251,13 @@ class MultiHeadAttention(nn.Module):
         return torch.stack(outs, dim=1) if outs else x.new_zeros(x.shape)
 
 
+#: The attention layers a model can be built on: name -> ``factory(config: ModelConfig)``.
+ATTENTIONS: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    "hkt": lambda config: HKTAttention(config.hkt_config()),
+    "mha": lambda config: MultiHeadAttention(config.d_model, config.n_heads, config.causal),
+}
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: attention then MLP, each residual."""
 
@@ -255,10 +265,7 @@ class Block(nn.Module):
         super().__init__()
         D = config.d_model
         self.norm1 = nn.LayerNorm(D)
-        if config.attention == "hkt":
-            self.attn = HKTAttention(config.hkt_config())
-        else:
-            self.attn = MultiHeadAttention(D, config.n_heads, config.causal)
+        self.attn = ATTENTIONS[config.attention](config)
         self.norm2 = nn.LayerNorm(D)
         self.mlp = nn.Sequential(
             nn.Linear(D, config.mlp_ratio * D),
@@ -309,7 +316,7 @@ class Encoder(nn.Module):
         """An empty decoding cache for this model (filled by the prompt's forward pass)."""
         if not self.config.causal:
             raise ValueError("only a causal model can decode (causal=False)")
-        return LMCache(self.signature(), self.config.n_layers, self.config.hkt.stride)
+        return LMCache(self.signature(), self.config.n_layers)
 
     def forward(
         self, tokens: Tensor, mask: Tensor | None = None, cache: LMCache | None = None

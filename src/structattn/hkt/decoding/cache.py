@@ -26,6 +26,7 @@ Shapes: ``B`` batch, ``H`` heads, ``d`` head dim, ``D = H d`` model width, ``n``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -112,6 +113,17 @@ def check_made_for(made_for: tuple[torch.dtype, torch.device] | None, weight: Te
         )
 
 
+class LayerCache(Protocol):
+    """What :class:`LMCache` needs of one layer's cache, whatever attention made it: the real
+    tokens per sequence, keeping (and repeating) sequences, and the bytes in use."""
+
+    lengths: Tensor  # (B,) long
+
+    def select(self, index: Tensor) -> None: ...
+
+    def used_bytes(self) -> int: ...
+
+
 @dataclass
 class KVLayerCache:
     """Keys and values of one multi-head-attention layer, ``(B, H, capacity, d)``, rows
@@ -161,6 +173,7 @@ class HKTLayerCache:
     # per level: scores of levels l .. L-1 summed, (B, H, T0 / s^l); None = to recompute
     # (level 0 always is; filled by the decoding steps)
     scores: list[Tensor | None]
+    stride: int  # the layer's downsampling stride s
     # the layer's concatenated decoding weights, made from its parameters at the first step
     params: DecodeWeights | None = None
     # the layer's parameter dtype and device at the prefill (a cache is for those only)
@@ -177,13 +190,13 @@ class HKTLayerCache:
         self.scores = [None if t is None else pick(t) for t in self.scores]
         self.lengths = pick(self.lengths)
 
-    def used_bytes(self, stride: int) -> int:
+    def used_bytes(self) -> int:
         """Bytes of the rows in use: coarse keys up to ``ceil(n / s^l)``, values up to ``n``,
         the current queries and the convolution windows."""
         n = int(self.lengths.max()) if self.lengths.numel() else 0
         B, H, _, d = self.values.shape
         size = self.values.element_size()
-        rows = sum(-(-n // stride**l) for l in range(len(self.keys))) + n
+        rows = sum(-(-n // self.stride**l) for l in range(len(self.keys))) + n
         total = B * H * rows * d * size
         total += sum(t.numel() * t.element_size() for t in self.queries)
         total += sum(t.numel() * t.element_size() for t in self.windows)
@@ -204,10 +217,9 @@ class LMCache:
     is the longest sequence; ``nbytes()`` the bytes in use.
     """
 
-    def __init__(self, signature: tuple, n_layers: int, stride: int):
+    def __init__(self, signature: tuple, n_layers: int):
         self.signature = signature
-        self.stride = stride
-        self.layers: list[HKTLayerCache | KVLayerCache | None] = [None] * n_layers
+        self.layers: list[LayerCache | None] = [None] * n_layers
 
     @property
     def is_empty(self) -> bool:
@@ -233,13 +245,7 @@ class LMCache:
 
     def nbytes(self) -> int:
         """Bytes of the cache rows in use, summed over layers."""
-        total = 0
-        for layer in self.layers:
-            if isinstance(layer, HKTLayerCache):
-                total += layer.used_bytes(self.stride)
-            elif layer is not None:
-                total += layer.used_bytes()
-        return total
+        return sum(layer.used_bytes() for layer in self.layers if layer is not None)
 
     def __repr__(self) -> str:
         state = "empty" if self.is_empty else f"lengths={self.lengths.tolist()}"

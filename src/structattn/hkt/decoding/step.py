@@ -113,6 +113,7 @@ def prefill(
         conv_window=conv_window,
         lengths=lengths.clone(),
         scores=[None] * cfg.n_levels,
+        stride=s,
         made_for=(layer.v_proj.weight.dtype, layer.v_proj.weight.device),
     )
 
