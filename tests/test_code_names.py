@@ -267,7 +267,7 @@ def test_cli_trains_a_gnn_and_writes_its_scores(tmp_path, capsys):
 
     _build().save(tmp_path / "ds")
     run = tmp_path / "run"
-    main(["glfusion", "train", "--dataset", "code-names", "--dataset-path", str(tmp_path / "ds"),
+    main(["code-names", "train", "--dataset-path", str(tmp_path / "ds"),
           "--model", "gin", "--run-dir", str(run), "--emb-dim", "8", "--gnn-layers", "2",
           "--train.max-steps", "4", "--train.batch-size", "2",
           "--train.eval-every", "2"])  # fmt: skip
@@ -279,6 +279,27 @@ def test_cli_trains_a_gnn_and_writes_its_scores(tmp_path, capsys):
     assert final["test_examples"][0]["true"] == ["load", "items"]
     assert "| test |" in capsys.readouterr().out
     assert (run / "results.md").is_file() and (run / "vocabulary.json").is_file()
+
+
+def test_code_names_is_its_own_command_and_each_refuses_the_others_runs(tmp_path):
+    from structattn.cli import main
+
+    _build().save(tmp_path / "ds")
+    run = tmp_path / "run"
+    main(["code-names", "train", "--dataset-path", str(tmp_path / "ds"), "--model", "gin",
+          "--run-dir", str(run), "--emb-dim", "8", "--gnn-layers", "2",
+          "--train.max-steps", "2", "--train.batch-size", "2"])  # fmt: skip
+    with pytest.raises(SystemExit, match="is a code-names run: resume it with `structattn "
+                       "code-names train"):  # fmt: skip
+        main(["glfusion", "train", "--run-dir", str(run), "--resume"])
+    with pytest.raises(SystemExit, match="code-names is a task of its own.*structattn code-names"):
+        main(["glfusion", "train", "--dataset", "code-names"])
+    other = tmp_path / "node-run"
+    other.mkdir()
+    (other / "config.yaml").write_text("dataset: wordnet\nname: x\n")
+    with pytest.raises(SystemExit, match="is not a code-names run: resume it with `structattn "
+                       "glfusion train"):  # fmt: skip
+        main(["code-names", "train", "--run-dir", str(other), "--resume"])
 
 
 def test_gnn_learns_names_of_trees_it_was_trained_on():

@@ -1,5 +1,5 @@
-"""The code-names table (``structattn glfusion ablate --dataset code-names``) and naming one
-function with a finished run (``structattn glfusion generate --dataset code-names``)."""
+"""The code-names table (``structattn code-names ablate``) and naming one
+function with a finished run (``structattn code-names generate``)."""
 
 from __future__ import annotations
 
@@ -150,19 +150,19 @@ def test_generate_names_a_function_with_a_gnn_run(tmp_path, capsys):
 
     _build().save(tmp_path / "ds")
     run = tmp_path / "run"
-    main(["glfusion", "train", "--dataset", "code-names", "--dataset-path", str(tmp_path / "ds"),
+    main(["code-names", "train", "--dataset-path", str(tmp_path / "ds"),
           "--model", "gcn", "--run-dir", str(run), "--emb-dim", "8", "--gnn-layers", "2",
           "--train.max-steps", "2", "--train.batch-size", "2",
           "--train.eval-every", "2"])  # fmt: skip
     capsys.readouterr()
     source = FILES / "beta" / "shared.py"
-    main(["glfusion", "generate", "--dataset", "code-names", str(run), "--file", str(source),
+    main(["code-names", "generate", str(run), "--file", str(source),
           "--function", "load_items"])  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert out["true"] == ["load", "items"] and out["model"] == "gcn" and out["head"] == "gnn"
     assert isinstance(out["predicted"], list) and len(out["predicted"]) <= 5
     with pytest.raises(SystemExit, match="no LM head"):  # a GNN run cannot generate text
-        main(["glfusion", "generate", "--dataset", "code-names", str(run), "--file",
+        main(["code-names", "generate", str(run), "--file",
               str(source), "--function", "load_items", "--head", "lm"])  # fmt: skip
     # the same function's prediction in the run's own test examples
     final = json.loads((run / "final.json").read_text())
@@ -217,7 +217,7 @@ def test_generate_with_glfusion_matches_the_runs_own_prediction(tmp_path):
 
 
 def test_cli_table_has_glfusion_and_every_baseline(setup, capsys):
-    """`structattn glfusion ablate --dataset code-names` with models from folders, shrunk by
+    """`structattn code-names ablate` with models from folders, shrunk by
     --set, writes table.md / table.json with an F1 for GL-Fusion and each baseline."""
     from structattn.cli import main
 
@@ -226,7 +226,7 @@ def test_cli_table_has_glfusion_and_every_baseline(setup, capsys):
     for model, folder in ((llm, "llm"), (tok, "llm"), (enc, "encoder"), (enc_tok, "encoder")):
         model.save_pretrained(tmp_path / folder)
     rows = ["gcn", "gin", "llm-tree", "llm-code", "glfusion"]
-    main(["glfusion", "ablate", "--dataset", "code-names", "--config", str(kw["config"]),
+    main(["code-names", "ablate", "--config", str(kw["config"]),
           "--preset", "llm", "--gnn-preset", "gnn", "--seeds", "0", "--rows", *rows,
           "--out-dir", str(tmp_path / "cli"), "--threads", "1", "--no-progress",
           "--set", f"dataset_path={tmp_path / 'ds'}", f"data_dir={tmp_path}",
@@ -240,7 +240,7 @@ def test_cli_table_has_glfusion_and_every_baseline(setup, capsys):
     assert set(table["summary"]["comparisons"]) == {f"glfusion - {r}" for r in rows[:-1]}
     assert printed.strip() == (tmp_path / "cli" / "llm" / "table.md").read_text().strip()
     with pytest.raises(SystemExit, match="no finished run"):  # --summary-only trains nothing
-        main(["glfusion", "ablate", "--dataset", "code-names", "--config", str(kw["config"]),
+        main(["code-names", "ablate", "--config", str(kw["config"]),
               "--preset", "llm", "--gnn-preset", "gnn", "--rows", "gcn", "--summary-only",
               "--out-dir", str(tmp_path / "empty"),
               "--set", f"dataset_path={tmp_path / 'ds'}"])  # fmt: skip

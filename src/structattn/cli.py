@@ -12,6 +12,10 @@
     structattn glfusion train [--preset quick|recipe|paper] [--dataset wordnet|arxiv|file]
     structattn glfusion predict RUN_DIR --nodes ID [ID ...]
     structattn glfusion ablate [--preset recipe] [--seeds 0 1 2]
+    structattn glfusion generate RUN_DIR --node ID --prompt TEXT
+    structattn code-names train [--preset quick|cpu|llm-quick] [--model M]
+    structattn code-names ablate [--preset cpu-llm] [--rows ...] [--seeds 0 1 2]
+    structattn code-names generate RUN_DIR --file F.py --function NAME
 
 Each subcommand is a dataclass whose fields are its flags (parsed by ``tyro``); ``--help`` on any
 subcommand lists them with their defaults. Bad input (a config key, value, preset, data file or
@@ -21,6 +25,7 @@ traceback.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -426,6 +431,12 @@ COMMANDS = {
 }
 
 
+#: Command groups, each with its own subcommands, by the module whose ``main(argv)`` runs them.
+GROUPS = {
+    "glfusion": "structattn.experiments.glfusion.commands",
+    "code-names": "structattn.experiments.glfusion.code.commands",
+}
+
 #: Every command with its one-line summary, for ``structattn --help``.
 SUMMARIES = {
     "train": "Train one HKT or MHA model on a task (a shipped experiment + preset, flags on top).",
@@ -435,7 +446,8 @@ SUMMARIES = {
     "diagnose": "Measure the paper's theory on a trained HKT run (report and plots).",
     "lm": "Train a byte-level HKT or MHA language model: bits per byte and samples.",
     "generate": "Continue a prompt with a trained language model (`structattn lm`).",
-    "glfusion": "GL-Fusion on a text-attributed graph: train, predict, ablate.",
+    "glfusion": "GL-Fusion on a text-attributed graph: train, predict, generate, ablate.",
+    "code-names": "Name Python functions from their syntax trees: train, ablate, generate.",
     "data": "Fetch the offline stand-in datasets; summarise a task's data.",
     "params": "Parameter counts of HKT and the MHA baseline from one config.",
     "cost": "Score-FLOP ratio of HKT against standard attention.",
@@ -468,10 +480,9 @@ def main(argv: list[str] | None = None) -> None:
             print_help()
             return
         refuse_repeated_flags(argv)  # before any command reads its --config or --preset
-        if argv[0] == "glfusion":
-            from structattn.experiments.glfusion.commands import main as glfusion_main
-
-            glfusion_main(argv[1:])
+        if argv[0] in GROUPS:
+            module = importlib.import_module(GROUPS[argv[0]])
+            module.main(argv[1:])
             return
         _command(argv).run()
     except (UserError, FileNotFoundError) as err:  # bad input: one line naming the problem

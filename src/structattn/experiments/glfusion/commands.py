@@ -24,17 +24,12 @@ from ..commands import (
     saved_run_config,
 )
 from .ablate import GLFUSION_ABLATIONS
-from .code.config import CodeNamesConfig, load_code_config
-from .code.table import ROWS as CODE_ROWS
 from .config import GLFusionTrainConfig, load_glfusion
 
 __all__ = [
     "COMMANDS",
     "Ablate",
     "Baselines",
-    "CodeAblate",
-    "CodeGenerate",
-    "CodeTrain",
     "Generate",
     "Predict",
     "Train",
@@ -43,12 +38,9 @@ __all__ = [
 
 USAGE = (
     "usage: structattn glfusion train [--config PATH] [--preset quick|recipe|paper] ... "
-    "| structattn glfusion train --dataset code-names [--preset quick|cpu|llm-quick] [--model M] "
     "| structattn glfusion predict RUN_DIR --nodes NODE [NODE ...] [--graph DIR] "
     "| structattn glfusion generate RUN_DIR --node N --prompt TEXT [--graph DIR] "
     "| structattn glfusion ablate [--preset recipe] [--seeds 0 1 2] "
-    "| structattn glfusion ablate --dataset code-names [--preset cpu-llm] [--rows ...] "
-    "| structattn glfusion generate --dataset code-names RUN_DIR --file F.py --function NAME "
     "| structattn glfusion baselines [train's flags | --run-dir RUN] [--seeds 0 1 2] "
     "[--against RUN | ablations.json]"
 )
@@ -94,43 +86,6 @@ class Train(PresetCommand):
 
         results = train_glfusion(self.experiment)
         print(json.dumps(results) if "paused_at" in results else results_table(results))
-
-
-@dataclass
-class CodeTrain(PresetCommand):
-    """Train one model to name Python functions from their syntax trees (code-names, built like
-    ogbg-code2): --config and --preset choose the defaults below, every other flag overrides
-    them; prints the validation and test scores."""
-
-    config: Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")] = (
-        "glfusion-code"
-    )
-    preset: Annotated[
-        str, tyro.conf.arg(help=f"a preset of --config (shipped: {_presets('glfusion-code')})")
-    ] = "quick"
-    experiment: Annotated[CodeNamesConfig, tyro.conf.arg(name="")] = field(
-        default_factory=lambda: load_code_config("glfusion-code", "quick")
-    )
-
-    default_config: ClassVar[str] = "glfusion-code"
-    config_class: ClassVar[type] = CodeNamesConfig
-
-    def run(self) -> None:
-        from .code.experiment import train_code_names
-        from .code.report import run_table
-
-        results = train_code_names(self.experiment)
-        print(json.dumps(results) if "paused_at" in results else run_table(results))
-
-
-def _wants_code_names(args: list[str]) -> bool:
-    """``--dataset code-names`` (or ``--dataset=code-names``) is among ``args``."""
-    for i, arg in enumerate(args):
-        if arg == "--dataset=code-names" or (
-            arg == "--dataset" and args[i + 1 : i + 2] == ["code-names"]
-        ):
-            return True
-    return False
 
 
 @dataclass
@@ -184,51 +139,6 @@ class Ablate:
         print(out["table"])
 
 
-CodeRow = Literal[tuple(CODE_ROWS)]  # type: ignore[valid-type]
-
-
-@dataclass
-class CodeAblate:
-    """code-names: OGB's GNNs, the LLM reading the tree or the code, GL-Fusion and its
-    ablations, every seed on the same examples, one table with shallow baselines and GL-Fusion's
-    paired differences (results/glfusion-code/<preset>/table.md)."""
-
-    dataset: Literal["code-names"] = "code-names"  # selects this table
-    preset: str = "cpu-llm"  # the preset of the LLM rows (glfusion-code)
-    gnn_preset: str = "cpu-gnn"  # the preset of the GNN rows (the same example draw)
-    config: str = "glfusion-code"  # experiment file: a shipped name or a YAML path
-    seeds: tuple[int, ...] = (0, 1, 2)  # seeds per row
-    rows: tuple[CodeRow, ...] = tuple(CODE_ROWS)  # the rows to train and table
-    lr_sweep: tuple[float, ...] = ()  # tune each GNN's lr on validation first (one seed)
-    llm_lr_sweep: tuple[float, ...] = ()  # the same for the LLM models (ablations inherit)
-    out_dir: Path = Path("results/glfusion-code")  # runs and the table go to <out_dir>/<preset>/
-    threads: int | None = None  # torch threads (default: torch's choice)
-    progress: Annotated[bool, tyro.conf.FlagCreatePairsOff] = True  # tqdm bars per run
-    # train nothing: table the finished runs
-    summary_only: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False
-    # change preset keys of every run: KEY=VALUE, dotted keys, YAML values (e.g.
-    # train.max_steps=2 max_train=8); shrinks the table to seconds
-    set: tuple[str, ...] = ()
-
-    def run(self) -> None:
-        from structattn.engine.overrides import parse_settings
-
-        from .code.table import code_names_table, table_markdown
-
-        if self.threads:
-            import torch
-
-            torch.set_num_threads(self.threads)
-        load_preset(self.config, self.preset)  # a bad preset stops before anything trains
-        load_preset(self.config, self.gnn_preset)
-        out = code_names_table(self.preset, self.gnn_preset, self.seeds, self.rows,
-                               self.out_dir, self.lr_sweep or None, self.llm_lr_sweep or None,
-                               config=self.config, progress=self.progress,
-                               train_missing=not self.summary_only,
-                               **parse_settings(self.set))  # fmt: skip
-        print(table_markdown(out))
-
-
 @dataclass
 class Generate:
     """Free text about a node: its subgraph in the prompt, your question after it, the run's
@@ -260,29 +170,6 @@ class Generate:
 
 #: Printed instead of a blank line when the model's first new token ends the text.
 EMPTY_CONTINUATION = "(no text: the model's first new token was a stop token)"
-
-
-@dataclass
-class CodeGenerate:
-    """code-names: the name a finished run predicts for one function of a Python file (its tree
-    built as the dataset builds it, the name masked), beside the true name (one JSON line)."""
-
-    run_dir: tyro.conf.Positional[Path]  # a code-names run directory (with best.safetensors)
-    file: Path  # a Python source file
-    function: str  # the function's name, or Class.method
-    dataset: Literal["code-names"] = "code-names"  # selects this command
-    head: Literal["lm", "gnn"] | None = None  # GL-Fusion's head (default: the run's choice)
-    data_dir: Path | None = None  # your encodings cache (default $STRUCTATTN_DATA_DIR or ~/.cache)
-
-    def run(self) -> None:
-        from .code.generate import name_function
-
-        try:
-            source = self.file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"--file {self.file}: cannot read it as UTF-8 text ({err})") from None
-        print(json.dumps(name_function(self.run_dir, source, self.function, str(self.file),
-                                       head=self.head, data_dir=self.data_dir)))  # fmt: skip
 
 
 def _graph(path: Path | None):
@@ -399,19 +286,21 @@ def main(argv: list[str]) -> None:
     """``structattn glfusion COMMAND ...``: parse and run one command."""
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         raise ConfigError(USAGE)
-    code = _wants_code_names(argv[1:])
-    if argv[0] == "train" and not code:  # --run-dir X --resume alone: the run's own dataset
+    if argv[0] == "train":  # --run-dir X --resume alone: a run of the other task is named
         saved = saved_run_config(argv[1:])
-        code = saved is not None and saved[1].get("dataset") == "code-names"
-    trainer = CodeTrain if code else Train
-    train = trainer.defaults(argv[1:]) if argv[0] == "train" else trainer()
+        if saved is not None and saved[1].get("dataset") == "code-names":
+            raise ConfigError(
+                f"{saved[0]} is a code-names run: resume it with `structattn code-names train "
+                f"--run-dir {saved[0]} --resume`"
+            )
+    train = Train.defaults(argv[1:]) if argv[0] == "train" else Train()
     # baselines: the config as train would build it from the same flags
     baselines = {"default": Baselines.defaults(argv[1:])} if argv[0] == "baselines" else {}
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
-        Annotated[trainer, tyro.conf.subcommand("train", default=train)],
+        Annotated[Train, tyro.conf.subcommand("train", default=train)],
         Annotated[Predict, tyro.conf.subcommand("predict")],
-        Annotated[CodeGenerate if code else Generate, tyro.conf.subcommand("generate")],
-        Annotated[CodeAblate if code else Ablate, tyro.conf.subcommand("ablate")],
+        Annotated[Generate, tyro.conf.subcommand("generate")],
+        Annotated[Ablate, tyro.conf.subcommand("ablate")],
         Annotated[Baselines, tyro.conf.subcommand("baselines", **baselines)],
     ]
     command = parse_command(choices, argv, prog="structattn glfusion",

@@ -129,6 +129,11 @@ class GLFusionTrainConfig(RunConfig):
     SAVED_DEFAULTS: ClassVar[dict] = {"variant": "paper"}
 
     def __post_init__(self) -> None:
+        if self.dataset == "code-names":
+            raise ValueError(
+                "code-names is a task of its own (a graph per function): structattn code-names "
+                "train | ablate | generate"
+            )
         graph_reader(self.dataset)  # a name no reader is registered under is refused here
         if self.dataset == "file" and self.graph_path is None:
             raise ValueError("dataset=file needs graph_path (a folder written by graph.save)")

@@ -32,8 +32,8 @@ def _default_train() -> TrainConfig:
 
 @dataclass
 class CodeNamesConfig(RunConfig):
-    """One model trained to name functions from their trees (``structattn glfusion train
-    --dataset code-names``)."""
+    """One model trained to name functions from their trees (``structattn code-names
+    train``)."""
 
     name: str = "code-names"  # run name
     optim: OptimConfig = field(default_factory=_default_optim)

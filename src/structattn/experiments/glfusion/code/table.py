@@ -1,6 +1,6 @@
 """The code-names table: every model and GL-Fusion ablation, every seed, on the same examples,
-with shallow baselines beside them and GL-Fusion's paired differences (``structattn glfusion
-ablate --dataset code-names``).
+with shallow baselines beside them and GL-Fusion's paired differences (``structattn code-names
+ablate``).
 
 Rows (:data:`ROWS`) train on one of two presets of the experiment file: the LLM rows on
 ``preset``, OGB's GNN rows on ``gnn_preset`` (their own optimiser and steps; the same example
