@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from structattn.compat import EARLIER_FINAL, final_file
 from structattn.errors import ConfigError, RunError
 
 from .checkpoint import (
@@ -74,8 +75,8 @@ class RunDir:
     CURVES = "curves.png"
     LOCK = ".lock"
     #: Files whose presence means the folder holds results a fresh run must not overwrite
-    #: (``results.json``: GL-Fusion runs of earlier versions; ``best``: a saved model folder).
-    RESULT_FILES = (FINAL, "results.json", BEST, "best")
+    #: (``best``: a saved model folder; the earlier versions' results file, see compat).
+    RESULT_FILES = (FINAL, EARLIER_FINAL, BEST, "best")
     #: What ``--overwrite`` removes: the files above and those the shipped experiments add.
     RUN_FILES = (CONFIG, METRICS, TENSORBOARD, CHECKPOINTS, DATA, CURVES, *RESULT_FILES,
                  "hf", "samples.md", "results.md", "diagnostics", "vocabulary.json",
@@ -121,16 +122,12 @@ class RunDir:
     def has_checkpoints(self) -> bool:
         return bool(checkpoint_dirs(self.checkpoints))
 
-    #: Where GL-Fusion runs of earlier versions wrote their results.
-    LEGACY_FINAL = "results.json"
-
     def _final_file(self) -> Path:
-        legacy = self.file(self.LEGACY_FINAL)
-        return legacy if not self.final.is_file() and legacy.is_file() else self.final
+        return final_file(self.path, self.final)
 
     def is_finished(self) -> bool:
-        """The run ended and wrote its results (``final.json``; ``results.json`` for GL-Fusion
-        runs of earlier versions)."""
+        """The run ended and wrote its results (``final.json``, or the file of earlier versions:
+        :mod:`structattn.compat`)."""
         return self._final_file().is_file()
 
     def read_final(self) -> dict[str, Any]:

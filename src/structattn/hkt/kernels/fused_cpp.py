@@ -20,7 +20,7 @@ from .extension import cpu_kernel, cpu_kernel_error
 
 __all__ = ["CPP_BACKEND", "cpp_hkt_attention", "lowp_route"]
 
-# Query x key tile. 256 x 256 against the earlier 128 x 256, forward + backward on 2 cores:
+# Query x key tile, 256 x 256: against 128 x 256, forward + backward on 2 cores take
 # 0.92-0.95x the time at d = 32 (T = 512 and 1024, bidirectional, B = 32), 0.94-0.96x at
 # d = 64 causal (T = 1024 and 4096), 0.97-0.99x (noise) at d = 64 bidirectional.
 DEFAULT_TILE_Q = 256
