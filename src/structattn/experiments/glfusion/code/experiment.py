@@ -143,6 +143,12 @@ class MethodNaming(Experiment):
     def report(self, model: nn.Module, fit: FitResult) -> dict[str, Any]:
         val, _ = self.scores(model, "val")
         test, preds = self.scores(model, "test")
+        return self._write_results(fit, val, test, preds)
+
+    def _write_results(self, fit: FitResult, val, test, preds, **chosen) -> dict[str, Any]:
+        """The results (``chosen``: which head and every head's scores, after ``test``), with
+        the first test functions' names beside the predicted ones; the main process writes
+        ``vocabulary.json`` and ``results.md``."""
         pairs = list(zip(self.splits["test"], preds))[:EXAMPLES_SHOWN]
         shown = [{"qualname": ex.qualname, "project": ex.project, "true": ex.subtokens,
                   "predicted": p} for ex, p in pairs]  # fmt: skip
@@ -152,6 +158,7 @@ class MethodNaming(Experiment):
             "examples": {s: len(exs) for s, exs in self.splits.items()},
             "val": val,
             "test": test,
+            **chosen,
             "test_examples": shown,
             "best_step": fit.best["step"],
             "median_step_ms": fit.median_step_ms,
@@ -291,28 +298,10 @@ class LLMNaming(MethodNaming):
         heads = self.heads
         by_head = {h: {s: self.scores(model, s, head=h) for s in ("val", "test")} for h in heads}
         chosen = _best_head({h: v["val"][0]["f1"] for h, v in by_head.items()})
-        val, test = by_head[chosen]["val"][0], by_head[chosen]["test"][0]
-        preds = by_head[chosen]["test"][1]
-        pairs = list(zip(self.splits["test"], preds))[:EXAMPLES_SHOWN]
-        shown = [{"qualname": ex.qualname, "project": ex.project, "true": ex.subtokens,
-                  "predicted": p} for ex, p in pairs]  # fmt: skip
-        results = {
-            "dataset": "code-names",
-            "model": self.cfg.model,
-            "examples": {s: len(exs) for s, exs in self.splits.items()},
-            "val": val,
-            "test": test,
-            "head": chosen,  # the head chosen on validation F1
-            "heads": {h: {s: v[0] for s, v in d.items()} for h, d in by_head.items()},
-            "test_examples": shown,
-            "best_step": fit.best["step"],
-            "median_step_ms": fit.median_step_ms,
-            "wall_s": fit.earlier_wall_s + time.perf_counter() - self.started,
-        }
-        if self.engine.is_main:
-            self.engine.write_json("vocabulary.json", self.vocab.to_dict())
-            self.engine.dir.write_text("results.md", run_table(results) + "\n")
-        return results
+        val, (test, preds) = by_head[chosen]["val"][0], by_head[chosen]["test"]
+        every = {h: {s: v[0] for s, v in d.items()} for h, d in by_head.items()}
+        # the head chosen on validation F1, and every head's scores
+        return self._write_results(fit, val, test, preds, head=chosen, heads=every)
 
 
 def _best_head(val_f1: dict[str, float]) -> str:
