@@ -23,6 +23,46 @@ from torch_geometric.utils import to_dense_batch
 __all__ = ["GraphTextCrossAttention", "NodeStateCrossAttention"]
 
 
+def _read_graphs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dead: Tensor,
+    after: Tensor,
+    counts: Tensor,
+    scale: float,
+    low: float,
+    rows: list[Tensor],
+    values: list[Tensor],
+) -> None:
+    """Both stages for the positions ``after (B, S)`` that follow their graph, over every node
+    of it: append their flat rows ``b * S + pos`` to ``rows`` and outputs ``(A, H, hd)`` to
+    ``values``, one sequence at a time."""
+    S = after.shape[1]
+    starts = torch.cumsum(counts, 0) - counts
+    for b in torch.nonzero(after.any(-1)).flatten().tolist():
+        pos = torch.nonzero(after[b]).flatten()
+        lo, n = int(starts[b]), int(counts[b])
+        qa, kb, vb = q[b, pos], k[lo : lo + n], v[lo : lo + n]  # (A, H, hd), (n, Lt, H, hd)
+        s1 = torch.einsum("ahd,nlhd->ahnl", qa, kb) * scale
+        s1 = s1.masked_fill(dead[lo : lo + n][None, None], low)
+        r = torch.einsum("ahnl,nlhd->ahnd", s1.softmax(-1), vb)  # (A, H, n, hd)
+        s2 = torch.einsum("ahd,ahnd->ahn", qa, r) * scale
+        rows.append(b * S + pos)
+        values.append(torch.einsum("ahn,ahnd->ahd", s2.softmax(-1), r))
+
+
+def _scatter_rows(
+    rows: list[Tensor], values: list[Tensor], q: Tensor, shape: tuple[int, int, int]
+) -> Tensor:
+    """The outputs of every position, ``shape = (B * S, H, hd)``: ``values`` at their flat
+    ``rows``, 0 elsewhere (in ``q``'s dtype when nothing is read)."""
+    if rows:
+        values = torch.cat(values)  # autocast may have made them another dtype than hidden
+        return values.new_zeros(*shape).index_put((torch.cat(rows),), values)
+    return q.new_zeros(*shape)
+
+
 class GraphTextCrossAttention(nn.Module):
     """Two-stage multi-head cross-attention from LM states to node texts (see module).
 
@@ -93,22 +133,8 @@ class GraphTextCrossAttention(nn.Module):
         if node_slots.numel():
             is_node[node_slots[:, 0], node_slots[:, 1]] = True
         after = visible.any(-1) & ~is_node  # (B, S)
-        starts = torch.cumsum(counts, 0) - counts
-        for b in torch.nonzero(after.any(-1)).flatten().tolist():
-            pos = torch.nonzero(after[b]).flatten()
-            lo, n = int(starts[b]), int(counts[b])
-            qa, kb, vb = q[b, pos], k[lo : lo + n], v[lo : lo + n]  # (A, H, hd), (n, Lt, H, hd)
-            s1 = torch.einsum("ahd,nlhd->ahnl", qa, kb) * scale
-            s1 = s1.masked_fill(dead[lo : lo + n][None, None], low)
-            r = torch.einsum("ahnl,nlhd->ahnd", s1.softmax(-1), vb)  # (A, H, n, hd)
-            s2 = torch.einsum("ahd,ahnd->ahn", qa, r) * scale
-            rows.append(b * S + pos)
-            values.append(torch.einsum("ahn,ahnd->ahd", s2.softmax(-1), r))
-        if rows:
-            values = torch.cat(values)  # autocast may have made them another dtype than hidden
-            out = values.new_zeros(B * S, H, hd).index_put((torch.cat(rows),), values)
-        else:
-            out = q.new_zeros(B * S, H, hd)
+        _read_graphs(q, k, v, dead, after, counts, scale, low, rows, values)
+        out = _scatter_rows(rows, values, q, (B * S, H, hd))
         reads = visible.any(-1, keepdim=True)  # (B, S, 1): positions that read anything
         return hidden + torch.tanh(self.gate) * self.out(out.view(B, S, D)) * reads
 

@@ -243,19 +243,8 @@ class HKTAttention(nn.Module):
         pass's at that position.
         """
         cfg = self.config
-        if x.dim() != 3 or x.shape[-1] != cfg.d_model:
-            raise ValueError(
-                f"x must have shape (B, T, d_model={cfg.d_model}), got {tuple(x.shape)}"
-            )
-        check_input_dtype(x, self.v_proj.weight, "layer")
+        self._check_input(x, key_padding_mask, cache)
         B, T, D = x.shape
-        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, T):
-            raise ValueError(
-                f"key_padding_mask must have shape (B, T) = {(B, T)}, "
-                f"got {tuple(key_padding_mask.shape)}"
-            )
-        if cache is not None and not cfg.causal:
-            raise ValueError("a bidirectional HKT layer cannot decode (causal=False)")
         if isinstance(cache, HKTLayerCache):
             return decode(self, x, cache), cache
         if T == 0:  # an empty sequence: an empty output, connected to the parameters
@@ -286,6 +275,29 @@ class HKTAttention(nn.Module):
         if cache is None:
             return y
         return y, prefill(self, xs, q, k, v_flat, key_padding_mask)
+
+    def _check_input(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None,
+        cache: HKTLayerCache | None | _EmptySlot,
+    ) -> None:
+        """Check :meth:`forward`'s input: ``x``'s shape and dtype, the mask's shape and that a
+        cache is asked of a causal layer only."""
+        cfg = self.config
+        if x.dim() != 3 or x.shape[-1] != cfg.d_model:
+            raise ValueError(
+                f"x must have shape (B, T, d_model={cfg.d_model}), got {tuple(x.shape)}"
+            )
+        check_input_dtype(x, self.v_proj.weight, "layer")
+        B, T, D = x.shape
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, T):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, T) = {(B, T)}, "
+                f"got {tuple(key_padding_mask.shape)}"
+            )
+        if cache is not None and not cfg.causal:
+            raise ValueError("a bidirectional HKT layer cannot decode (causal=False)")
 
     def _project(self, xs: list[Tensor]) -> tuple[list[Tensor], list[Tensor], Tensor]:
         """Per-level queries and keys ``(B, H, T_l, d)`` and the values ``(B, T, D)``: one GEMM

@@ -50,19 +50,8 @@ from .reference import reference_attention
 __all__ = ["ATTENTION_IMPLS", "BLOCKWISE", "hkt_attention", "resolve_impl"]
 
 
-def _validate(
-    q: Sequence[Tensor],
-    k: Sequence[Tensor],
-    v: Tensor,
-    level_weights: Tensor,
-    stride: int,
-    key_padding_mask: Tensor | None,
-    causal: bool = True,
-    scale: float | None = None,
-) -> Tensor:
-    """Check types, shapes and the scale in front of every implementation (no host
-    synchronisation; the weights' values are :func:`_check_values`'); return the level weights
-    as ``(H, L)``."""
+def _check_scale(scale: float | None) -> None:
+    """Refuse a ``scale`` that is not None or a finite real number > 0 (bools included)."""
     if scale is not None and (
         isinstance(scale, bool)
         or not isinstance(scale, numbers.Real)
@@ -70,6 +59,10 @@ def _validate(
         or scale <= 0
     ):
         raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+
+
+def _level_lists(q: Sequence[Tensor], k: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """``q`` and ``k`` as lists, checked to be sequences of the same number (>= 1) of levels."""
     if isinstance(q, Tensor) or isinstance(k, Tensor):
         raise ValueError("q and k must be sequences of per-level tensors (a list of L tensors)")
     q, k = list(q), list(k)
@@ -78,20 +71,34 @@ def _validate(
         raise ValueError("q must hold at least one level (got an empty sequence)")
     if len(k) != n_levels:
         raise ValueError(f"q has {n_levels} levels but k has {len(k)}")
+    return q, k
+
+
+def _check_stride_and_causal(stride: int, causal: bool) -> None:
+    """Refuse a stride that is not an integer >= 2 and a ``causal`` that is not a bool."""
     if isinstance(stride, bool) or not isinstance(stride, int):
         raise ValueError(f"stride must be an integer >= 2, got {stride!r}")
     if stride < 2:
         raise ValueError(f"stride must be >= 2, got {stride}")
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be True or False, got {causal!r}")
+
+
+def _check_values_tensor(v: Tensor) -> None:
+    """Check that ``v`` is a floating ``(B, H, T, d_v)`` tensor with ``T >= 1``."""
     if not isinstance(v, Tensor) or v.dim() != 4:
         raise ValueError(f"v must have shape (B, H, T, d_v), got {getattr(v, 'shape', v)!r}")
     if not torch.is_floating_point(v):
         raise ValueError(f"q, k and v must be floating-point tensors, got {v.dtype}")
-    B, H, T, d_v = v.shape
-    if T < 1:
+    if v.shape[2] < 1:
         raise ValueError("sequence length T must be >= 1")
-    lengths = level_lengths(T, n_levels, stride)
+
+
+def _check_level_shapes(q: list[Tensor], k: list[Tensor], v: Tensor, stride: int) -> None:
+    """Check every level of ``q`` and ``k`` against ``(B, H, T_l, d)`` and ``v``'s dtype, and
+    that both head dims are >= 1."""
+    B, H, T, d_v = v.shape
+    lengths = level_lengths(T, len(q), stride)
     d = q[0].shape[-1]
     for name, levels in (("q", q), ("k", k)):
         for l, (x, T_l) in enumerate(zip(levels, lengths)):
@@ -106,6 +113,10 @@ def _validate(
     if d < 1 or d_v < 1:
         raise ValueError(f"head dims must be >= 1, got d = {d} (q, k) and d_v = {d_v} (v)")
 
+
+def _check_level_weights(level_weights: Tensor, H: int, n_levels: int) -> Tensor:
+    """Check the level weights' dtype and shape (no values: see :func:`_check_values`); return
+    them as ``(H, L)``, a shared ``(L,)`` row expanded to every head."""
     lam = level_weights
     if not torch.is_floating_point(lam):
         raise ValueError(f"level_weights must be a floating tensor, got {lam.dtype}")
@@ -116,16 +127,45 @@ def _validate(
             f"level_weights must have shape (L,) = ({n_levels},) or (H, L) = ({H}, {n_levels}), "
             f"got {tuple(level_weights.shape)}"
         )
-    if key_padding_mask is not None:
-        if key_padding_mask.dtype != torch.bool:
-            raise ValueError(
-                f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}"
-            )
-        if tuple(key_padding_mask.shape) != (B, T):
-            raise ValueError(
-                f"key_padding_mask must have shape (B, T) = {(B, T)}, "
-                f"got {tuple(key_padding_mask.shape)}"
-            )
+    return lam
+
+
+def _check_mask(key_padding_mask: Tensor | None, B: int, T: int) -> None:
+    """Check that a given ``key_padding_mask`` is a bool ``(B, T)`` tensor."""
+    if key_padding_mask is None:
+        return
+    if key_padding_mask.dtype != torch.bool:
+        raise ValueError(
+            f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}"
+        )
+    if tuple(key_padding_mask.shape) != (B, T):
+        raise ValueError(
+            f"key_padding_mask must have shape (B, T) = {(B, T)}, "
+            f"got {tuple(key_padding_mask.shape)}"
+        )
+
+
+def _validate(
+    q: Sequence[Tensor],
+    k: Sequence[Tensor],
+    v: Tensor,
+    level_weights: Tensor,
+    stride: int,
+    key_padding_mask: Tensor | None,
+    causal: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    """Check types, shapes and the scale in front of every implementation (no host
+    synchronisation; the weights' values are :func:`_check_values`'); return the level weights
+    as ``(H, L)``."""
+    _check_scale(scale)
+    q, k = _level_lists(q, k)
+    _check_stride_and_causal(stride, causal)
+    _check_values_tensor(v)
+    B, H, T, d_v = v.shape
+    _check_level_shapes(q, k, v, stride)
+    lam = _check_level_weights(level_weights, H, len(q))
+    _check_mask(key_padding_mask, B, T)
     return lam.to(v.dtype)
 
 
@@ -231,20 +271,10 @@ def _nan_heads(out: Tensor, lam: Tensor) -> Tensor:
 
 
 def hkt_attention(
-    q: Sequence[Tensor],
-    k: Sequence[Tensor],
-    v: Tensor,
-    level_weights: Tensor,
-    *,
-    stride: int = 2,
-    causal: bool = True,
-    key_padding_mask: Tensor | None = None,
-    scale: float | None = None,
-    impl: str = "auto",
-    dropout_p: float = 0.0,
-    right_padded: bool | None = None,
-    zero_padded: bool = True,
-) -> Tensor:
+    q: Sequence[Tensor], k: Sequence[Tensor], v: Tensor, level_weights: Tensor, *,
+    stride: int = 2, causal: bool = True, key_padding_mask: Tensor | None = None,
+    scale: float | None = None, impl: str = "auto", dropout_p: float = 0.0,
+    right_padded: bool | None = None, zero_padded: bool = True) -> Tensor:  # fmt: skip
     """Hierarchical kernel attention over ``L`` resolution levels.
 
     Args:
@@ -295,9 +325,34 @@ def hkt_attention(
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"impl must be one of {sorted(ATTENTION_IMPLS)}, got {impl!r}")
     weights = _validate(q, k, v, level_weights, stride, key_padding_mask, causal, scale)
-    lam = weights.to(v.dtype)
-    scale = 1.0 / math.sqrt(q[0].shape[-1]) if scale is None else float(scale)
-    name = resolve_impl(impl, v.device, dropout_p)
+    lam, scale = weights.to(v.dtype), _score_scale(q, scale)
+    name = resolve_impl(impl, v.device, dropout_p)  # here: its warning's stacklevel counts on it
+    out = _attend(name, q, k, v, weights, lam, stride, causal, key_padding_mask, scale,
+                  dropout_p, right_padded)  # fmt: skip
+    return _zero_padding(out, key_padding_mask) if zero_padded else out
+
+
+def _score_scale(q: Sequence[Tensor], scale: float | None) -> float:
+    """The score scale as a float: ``scale``, by default ``1 / sqrt(d)``."""
+    return 1.0 / math.sqrt(q[0].shape[-1]) if scale is None else float(scale)
+
+
+def _attend(
+    name: str,
+    q: Sequence[Tensor],
+    k: Sequence[Tensor],
+    v: Tensor,
+    weights: Tensor,
+    lam: Tensor,
+    stride: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    right_padded: bool | None,
+) -> Tensor:
+    """Run implementation ``name`` on validated input, or the reference / ``sdpa`` path where
+    the CPU value checks send the call, with NaN heads for non-finite weights elsewhere."""
     # Non-finite level weights (a diverged run) make every output of their head NaN in the
     # reference, where the other paths may return zeros (the CPU SDPA kernel does on short
     # rows): such calls run the reference where the weights are read back (one flag of the
@@ -319,7 +374,13 @@ def hkt_attention(
     )
     if not lam_read and name != "reference":
         out = _nan_heads(out, lam)
-    if key_padding_mask is not None and zero_padded:
+    return out
+
+
+def _zero_padding(out: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    """``out (B, H, T, d_v)`` with the padded query rows set to 0 (a ``(B, T, H, d_v)``-contiguous
+    kernel output keeps that layout)."""
+    if key_padding_mask is not None:
         if out.transpose(1, 2).is_contiguous():  # a (B, T, H, d) kernel output stays so
             out = out.transpose(1, 2).masked_fill(~key_padding_mask[:, :, None, None], 0.0)
             return out.transpose(1, 2)

@@ -334,6 +334,29 @@ class Encoder(nn.Module):
         mask's layout, a decoding step's positions), so without a mask nothing is read back
         there.
         """
+        ids_checked = self._check_tokens(tokens, mask)
+        T = tokens.shape[1]
+        if cache is not None:
+            self._check_cache(cache)
+            if not cache.is_empty:
+                return self._decode(tokens, mask, cache, ids_checked)
+        if T > self.config.max_len:
+            raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
+        right = self._padding_layout(tokens, mask, ids_checked)
+        tokens, mask, right, shift = self._left_aligned(tokens, mask, right, cache)
+        pos = torch.arange(T, device=tokens.device)
+        x = self.drop(self.tok(tokens) + self.pos(pos))  # (B, T, D)
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                x = block(x, mask, right_padded=right)
+            else:
+                x, cache.layers[i] = block(x, mask, cache=EMPTY, right_padded=right)
+        x = self.norm(x)
+        return x if shift is None else _roll_rows(x, -shift)
+
+    def _check_tokens(self, tokens: Tensor, mask: Tensor | None) -> bool:
+        """Check the tokens' shape and dtype and the mask's; refuse out-of-range ids now where
+        they are read at once (CPU); return whether they were checked."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must have shape (B, T), got {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -346,32 +369,43 @@ class Encoder(nn.Module):
         ids_checked = _read_ids_at_once(tokens)  # else with the host read made below
         if ids_checked and bool(_ids_outside(tokens, self.config.vocab_size)):
             _refuse_ids(tokens, self.config.vocab_size)
-        if cache is not None:
-            if not isinstance(cache, LMCache):
-                raise ValueError(f"cache must be an LMCache, got {type(cache).__name__}")
-            if cache.signature != self.signature():
-                raise ValueError(
-                    "this cache belongs to a model with another configuration "
-                    f"({cache.signature} != {self.signature()})"
-                )
-            if not cache.is_empty:
-                return self._decode(tokens, mask, cache, ids_checked)
-        if T > self.config.max_len:
-            raise ValueError(f"sequence length {T} exceeds max_len={self.config.max_len}")
-        shift = None
-        # The mask's layout is read once here (one host read per forward pass, none inside the
-        # layers) and handed to every layer; off the CPU the same read brings the ids' check.
+        return ids_checked
+
+    def _check_cache(self, cache: LMCache) -> None:
+        """Refuse a cache that is not an :class:`LMCache` of this model's configuration."""
+        if not isinstance(cache, LMCache):
+            raise ValueError(f"cache must be an LMCache, got {type(cache).__name__}")
+        if cache.signature != self.signature():
+            raise ValueError(
+                "this cache belongs to a model with another configuration "
+                f"({cache.signature} != {self.signature()})"
+            )
+
+    def _padding_layout(
+        self, tokens: Tensor, mask: Tensor | None, ids_checked: bool
+    ) -> bool | None:
+        """Whether every mask row is right-padded (None without a mask), read once here (one host
+        read per forward pass, none inside the layers); off the CPU the same read brings the
+        ids' check."""
         if mask is None:
-            right = None
-        elif ids_checked:
-            right = is_right_padded(mask)
-        else:  # is_right_padded's test and the ids' flag, read back together
-            holes = (mask[:, 1:] & ~mask[:, :-1]).any()
-            outside = _ids_outside(tokens, self.config.vocab_size)
-            holes, bad = torch.stack([holes, outside]).tolist()
-            if bad:
-                _refuse_ids(tokens, self.config.vocab_size)
-            right = not holes
+            return None
+        if ids_checked:
+            return is_right_padded(mask)
+        # is_right_padded's test and the ids' flag, read back together
+        holes = (mask[:, 1:] & ~mask[:, :-1]).any()
+        outside = _ids_outside(tokens, self.config.vocab_size)
+        holes, bad = torch.stack([holes, outside]).tolist()
+        if bad:
+            _refuse_ids(tokens, self.config.vocab_size)
+        return not holes
+
+    @staticmethod
+    def _left_aligned(
+        tokens: Tensor, mask: Tensor | None, right: bool | None, cache: LMCache | None
+    ) -> tuple[Tensor, Tensor | None, bool | None, Tensor | None]:
+        """``(tokens, mask, right, shift)`` with left-padded rows rolled left-aligned (``shift
+        (B,)``: each row's leading padding, to roll the outputs back; None when nothing moved)."""
+        shift = None
         if mask is not None and not right:
             shift = (~mask).long().cumprod(1).sum(1)  # (B,) leading padding per row
             rolled = _roll_rows(mask, shift)
@@ -381,15 +415,7 @@ class Encoder(nn.Module):
                 raise ValueError("prompt rows must be one block of real tokens (no holes)")
             else:
                 shift = None
-        pos = torch.arange(T, device=tokens.device)
-        x = self.drop(self.tok(tokens) + self.pos(pos))  # (B, T, D)
-        for i, block in enumerate(self.blocks):
-            if cache is None:
-                x = block(x, mask, right_padded=right)
-            else:
-                x, cache.layers[i] = block(x, mask, cache=EMPTY, right_padded=right)
-        x = self.norm(x)
-        return x if shift is None else _roll_rows(x, -shift)
+        return tokens, mask, right, shift
 
     def _decode(
         self, tokens: Tensor, mask: Tensor | None, cache: LMCache, ids_checked: bool

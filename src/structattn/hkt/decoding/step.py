@@ -146,13 +146,7 @@ def step(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> Tensor:
     # T0 / s^l rows and the coarse-to-fine sum is a reshape (rows past n are masked).
     span = s ** (L - 1)
     T0 = -(-n_max // span) * span
-    # The concatenated weights are made once per cache (the keys it holds were made with
-    # these parameters too), and every step while a gradient may flow to them.
-    live = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
-    params = cache.params
-    if live or params is None or params.weight.dtype != x.dtype:
-        params = decode_weights(layer, x.dtype)
-        cache.params = None if live else params
+    params = _step_weights(layer, x, cache)
     qkv = F.linear(x, params.weight, params.bias)  # level 0's Q, K, V: one GEMM
     aligned = one_length(n, n_max)
     # the compiled step computes in one dtype: not under autocast, whose GEMM made qkv bfloat16
@@ -176,7 +170,30 @@ def step(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> Tensor:
         n_used = n
     cache.values = values
 
-    # Scores of the new query against keys 0 .. pos, levels summed coarse to fine:
+    acc = _step_scores(cache, w, top, T0, s, L)
+    o = decode_attention(acc, n_used, cache.values[:, :, :T0], layer.attn_drop_p())
+    o = o.reshape(B, D)
+
+    if cfg.hybrid:
+        o = _step_hybrid(layer, cache, v, o, beta)
+    cache.lengths = n
+    return layer.out_dropout(layer.o_proj(o))
+
+
+def _step_weights(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> DecodeWeights:
+    """The concatenated weights for a step: made once per cache (the keys it holds were made
+    with these parameters too), and every step while a gradient may flow to them."""
+    live = torch.is_grad_enabled() and any(p.requires_grad for p in layer.parameters())
+    params = cache.params
+    if live or params is None or params.weight.dtype != x.dtype:
+        params = decode_weights(layer, x.dtype)
+        cache.params = None if live else params
+    return params
+
+
+def _step_scores(cache: HKTLayerCache, w: Tensor, top: int, T0: int, s: int, L: int) -> Tensor:
+    """Scores ``(B, H, T0)`` of the new queries against keys 0 .. T0 - 1, levels summed coarse
+    to fine, reusing (and updating) the cached sums of the levels that kept their query."""
     # acc_l[c] = lambda_l q_l . K_l[c] + acc_{l+1}[c // s], S[j] = acc_0[j]; lambda and the
     # scale (w) go on the queries (d numbers each instead of T). Levels above ``top`` kept
     # their query and keys since the last step, so their acc_l is the cached one: a step
@@ -194,16 +211,18 @@ def step(layer: HKTAttention, x: Tensor, cache: HKTLayerCache) -> Tensor:
         if l > 0:
             cache.scores[l] = s_l
         acc = s_l
-    o = decode_attention(acc, n_used, cache.values[:, :, :T0], layer.attn_drop_p())
-    o = o.reshape(B, D)
+    return acc
 
-    if cfg.hybrid:
-        inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
-        cache.conv_window = inputs[:, 1:]
-        conv = _depthwise_last(inputs, layer.conv.conv)
-        o = torch.lerp(conv, o, beta.to(o.dtype))
-    cache.lengths = n
-    return layer.out_dropout(layer.o_proj(o))
+
+def _step_hybrid(
+    layer: HKTAttention, cache: HKTLayerCache, v: Tensor, o: Tensor, beta: Tensor
+) -> Tensor:
+    """The hybrid head's mix of attention ``o (B, D)`` and the causal convolution of the values,
+    whose window in ``cache`` moves on by the new value ``v (B, D)``."""
+    inputs = torch.cat([cache.conv_window, v[:, None]], dim=1)  # (B, k_conv, D)
+    cache.conv_window = inputs[:, 1:]
+    conv = _depthwise_last(inputs, layer.conv.conv)
+    return torch.lerp(conv, o, beta.to(o.dtype))
 
 
 def step_cpp(
