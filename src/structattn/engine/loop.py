@@ -65,7 +65,7 @@ from .metrics import MetricsLog
 from .optim import build_optimizer, check_optim, describe_groups, param_groups
 from .rundir import RunDir
 from .sampler import StepBatchSampler
-from .state import FitResult, TrainState, Window
+from .state import Fit, FitResult, TrainState, Window
 
 __all__ = ["Engine", "NonFiniteLossError", "best_record", "stop_requested"]
 
@@ -190,6 +190,7 @@ class Engine:
         self.only_trainable, self.select = only_trainable, select
         self.curve = curve  # the validation metric written to metrics.csv's acc column
         self.resume = resume
+        self.current: Fit | None = None  # what the fit in progress holds (set by fit)
         # torchrun on machines without CUDA: accelerate needs cpu=True to form a gloo group.
         multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
         mixed = "bf16" if train.bf16 else "no"
@@ -309,8 +310,8 @@ class Engine:
         overrides :func:`param_groups`; ``accuracy(output, batch) -> (correct, n)`` adds the
         training accuracy to the log."""
         sampler, log = self._setup(model, train_set, groups, accuracy)
-        state = self._state
-        self._earlier_wall_s, self._segment_start = state.wall_s, time.perf_counter()
+        state = self.current.state
+        self.current.earlier_wall_s, self.current.segment_start = state.wall_s, time.perf_counter()
         bar = tqdm(total=self.train.max_steps, initial=state.step, desc=self.name, unit="step",
                    disable=not (self.progress and self.is_main), file=sys.stderr,
                    dynamic_ncols=True)  # fmt: skip
@@ -336,7 +337,7 @@ class Engine:
                 bar.close()
                 log.close()
         return FitResult(state.step, state.best, state.step_times, state.skipped, paused,
-                         self._raw, history, self._earlier_wall_s)  # fmt: skip
+                         self.current.raw, history, self.current.earlier_wall_s)  # fmt: skip
 
     def _setup(self, model, train_set, groups, accuracy) -> tuple[StepBatchSampler, MetricsLog]:
         """Optimizer and schedule, the resumed state (only then are ``config.yaml`` and
@@ -351,10 +352,15 @@ class Engine:
             saved_rng = self._resume(model, optimizer, scheduler, state)
         self.write_config()  # only after a successful load: config.yaml may be rewritten
         model, optimizer = self.accelerator.prepare(model, optimizer)
-        self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
-        self._raw = self.accelerator.unwrap_model(model)
-        self._trainable = [p for p in model.parameters() if p.requires_grad]
-        self._state, self._accuracy = state, accuracy
+        self.current = Fit(
+            model,
+            self.accelerator.unwrap_model(model),
+            optimizer,
+            scheduler,
+            [p for p in model.parameters() if p.requires_grad],
+            state,
+            accuracy,
+        )
         acc = self.accelerator
         log = MetricsLog(self.dir, state.step, enabled=self.is_main)
         sampler = StepBatchSampler(
@@ -408,23 +414,23 @@ class Engine:
 
     def _train_step(self, train_set, collate, indices, window: Window) -> None:
         """One optimizer step (or a skipped one) on ``indices``; the step's time recorded."""
-        state = self._state
+        state = self.current.state
         start = time.perf_counter()
-        self._model.train()
+        self.current.model.train()
         loss_value, correct, count = self._forward_backward(train_set, collate, indices)
         norm = None
         if self.optim.grad_clip:
-            norm = self.accelerator.clip_grad_norm_(self._trainable, self.optim.grad_clip)
+            norm = self.accelerator.clip_grad_norm_(self.current.trainable, self.optim.grad_clip)
         finite = math.isfinite(loss_value) and (
             norm is None or bool(torch.isfinite(torch.as_tensor(norm)))
         )
         finite = self._all_ranks(finite, all)
         if finite:
-            self._optimizer.step()
+            self.current.optimizer.step()
         else:
             self._skip(loss_value, norm)
-        self._scheduler.step()
-        self._optimizer.zero_grad(set_to_none=True)
+        self.current.scheduler.step()
+        self.current.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         state.step_times.append(time.perf_counter() - start)
@@ -434,7 +440,7 @@ class Engine:
 
     def _skip(self, loss_value: float, norm) -> None:
         """A non-finite step: stop the run, or (``train.nonfinite=skip``) count and warn."""
-        state, tc = self._state, self.train
+        state, tc = self.current.state, self.train
         state.skipped += 1
         what = (
             f"loss {loss_value}"
@@ -462,22 +468,22 @@ class Engine:
         if not count_sum:
             return
         log.log(
-            self._state.step,
+            self.current.state.step,
             "train",
             loss=loss_sum / count_sum,
-            acc=correct_sum / count_sum if self._accuracy is not None else None,
-            lr=self._scheduler.get_last_lr()[0],
-            step_ms=1e3 * self._state.step_times[-1],
+            acc=correct_sum / count_sum if self.current.accuracy is not None else None,
+            lr=self.current.scheduler.get_last_lr()[0],
+            step_ms=1e3 * self.current.state.step_times[-1],
         )
         bar.set_postfix(loss=f"{loss_sum / count_sum:.3f}")
 
     def _maybe_evaluate(self, evaluate, log: MetricsLog, bar, history: list) -> bool:
         """Evaluate, keep the best weights and checkpoint, every ``eval_every`` steps and at the
         end; whether it did."""
-        state = self._state
+        state = self.current.state
         if not (state.step % self.train.eval_every == 0 or state.step == self.train.max_steps):
             return False
-        metrics = evaluate(self._raw)
+        metrics = evaluate(self.current.raw)
         if self.select not in metrics:
             raise KeyError(f"evaluate() returned no {self.select!r}")
         value = metrics[self.select]
@@ -487,7 +493,7 @@ class Engine:
         history.append({"step": state.step, **metrics})
         bar.set_postfix({f"val_{self.select}": f"{value:.3f}"})
         if state.improve(value):
-            self.save_best(self._raw, state.best)
+            self.save_best(self.current.raw, state.best)
         self._checkpoint()
         return True
 
@@ -499,7 +505,7 @@ class Engine:
         log.close()
         name = signal.Signals(received).name if received else "signal"
         print(
-            f"{name}: stopped at step {self._state.step}; checkpoint saved, continue with "
+            f"{name}: stopped at step {self.current.state.step}; checkpoint saved, continue with "
             f"--resume (run_dir {self.run_dir})",
             file=sys.stderr,
         )
@@ -509,16 +515,18 @@ class Engine:
         """Weights, optimizer, scheduler, RNG and the loop's state, atomically; all ranks meet
         before and after."""
         self.accelerator.wait_for_everyone()
-        state = self._state
-        state.wall_s = self._earlier_wall_s + time.perf_counter() - self._segment_start
+        state = self.current.state
+        state.wall_s = (
+            self.current.earlier_wall_s + time.perf_counter() - self.current.segment_start
+        )
         if self.is_main:
             extra = {
-                "optimizer": self._optimizer.state_dict(),
-                "scheduler": self._scheduler.state_dict(),
+                "optimizer": self.current.optimizer.state_dict(),
+                "scheduler": self.current.scheduler.state_dict(),
                 "rng": rng_state(),
-                **self._state.state_dict(),
+                **self.current.state.state_dict(),
             }
-            save_checkpoint(self.dir.checkpoints, self._state.step, self._raw, extra,
+            save_checkpoint(self.dir.checkpoints, self.current.state.step, self.current.raw, extra,
                             keep=self.train.keep_checkpoints,
                             only_trainable=self.only_trainable)  # fmt: skip
         self.accelerator.wait_for_everyone()
@@ -528,7 +536,7 @@ class Engine:
         step's mean loss, correct predictions and examples."""
         from accelerate.utils import send_to_device
 
-        acc, model = self.accelerator, self._model
+        acc, model = self.accelerator, self.current.model
         k = min(self.train.grad_accum, len(indices))
         chunks = [c.tolist() for c in torch.tensor(indices).tensor_split(k)] if k > 1 else [indices]
         total, correct, count = 0.0, 0, 0
@@ -544,8 +552,8 @@ class Engine:
                 acc.backward(loss * (len(chunk) / len(indices)) if k > 1 else loss)
             value = loss.item()
             total += value * len(chunk)
-            if self._accuracy is not None:
-                c, _ = self._accuracy(out, batch)
+            if self.current.accuracy is not None:
+                c, _ = self.current.accuracy(out, batch)
                 correct += c
             count += len(chunk)
         return total / count, correct, count

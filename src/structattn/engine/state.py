@@ -80,3 +80,22 @@ class FitResult:
     @property
     def median_step_ms(self) -> float | None:
         return 1e3 * statistics.median(self.step_times) if self.step_times else None
+
+
+@dataclass
+class Fit:
+    """What one :meth:`~structattn.engine.Engine.fit` holds while it trains: the prepared model
+    and the model it wraps (``raw``, what is evaluated and saved), the optimizer and schedule,
+    the parameters that train (clipped together), the loop's state, the training-accuracy hook,
+    and the wall time of earlier segments plus this segment's start (a resumed run's
+    ``wall_s``)."""
+
+    model: nn.Module
+    raw: nn.Module
+    optimizer: Any
+    scheduler: Any
+    trainable: list
+    state: TrainState
+    accuracy: Any = None
+    earlier_wall_s: float = 0.0
+    segment_start: float = 0.0
