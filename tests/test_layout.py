@@ -1,5 +1,5 @@
 """The architecture the layout promises: no import cycle between modules of ``structattn``, and
-the engine and the experiments made of short functions."""
+every function short (documented GPU kernels aside)."""
 
 from __future__ import annotations
 
@@ -81,14 +81,30 @@ def test_no_import_cycle_in_the_package():
     assert _cycle(graph) is None
 
 
-def test_engine_and_experiments_are_made_of_short_functions():
+def _documented_kernel(node: ast.FunctionDef) -> bool:
+    """A GPU kernel (``@triton.jit``) whose docstring maps its loops to the math: it may stay
+    long, one loop nest being easier to check against the formulas than its pieces."""
+    jit = any(ast.unparse(d).endswith("jit") for d in node.decorator_list)
+    return jit and len((ast.get_docstring(node) or "").splitlines()) >= 3
+
+
+def test_every_function_is_short():
     long = []
     for name, path in _modules().items():
-        if not name.startswith(("structattn.engine", "structattn.experiments")):
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_LINES:
+                if lines > MAX_LINES and not _documented_kernel(node):
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert not long, long
+
+
+def test_the_length_rule_sees_long_functions_and_documented_kernels():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    plain = ast.parse(f"def f():\n{body}\n").body[0]
+    assert plain.end_lineno - plain.lineno + 1 > MAX_LINES and not _documented_kernel(plain)
+    doc = '    """One.\n\n    The loop, as the formula."""\n'
+    kernel = ast.parse(f"@triton.jit\ndef k():\n{doc}{body}\n").body[0]
+    assert _documented_kernel(kernel)
+    undocumented = ast.parse(f"@triton.jit\ndef k():\n{body}\n").body[0]
+    assert not _documented_kernel(undocumented)

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from structattn.compat import nest_flat_hkt_keys
+
 from .attention import EMPTY, HKTAttention, HKTConfig, check_input_dtype
 from .decoding.cache import (
     KVLayerCache,
@@ -48,16 +50,6 @@ __all__ = [
     "count_parameters",
 ]
 
-#: Flat HKT keys of older ``model`` sections, now under ``model.hkt``.
-_LEGACY_HKT_KEYS = (
-    "n_levels",
-    "stride",
-    "hybrid",
-    "downsample_kernel",
-    "conv_kernel",
-    "beta_init",
-    "impl",
-)
 #: HKTConfig fields that ModelConfig sets from its own.
 _FROM_MODEL = ("d_model", "n_heads", "causal")
 
@@ -112,15 +104,13 @@ class ModelConfig:
 
     @classmethod
     def from_config_values(cls, values: dict, where: str) -> dict:
-        """A ``model`` mapping of an experiment file as this class's fields: the flat HKT keys
-        of older files moved under ``hkt``; ``hkt.d_model``/``n_heads``/``causal`` accepted
-        only where they agree with the model's own (``config.yaml`` of older runs has them)."""
+        """A ``model`` mapping of an experiment file as this class's fields (the flat HKT keys
+        of earlier versions' files moved under ``hkt``); ``hkt.d_model`` / ``n_heads`` /
+        ``causal`` accepted only where they agree with the model's own (``config.yaml`` of
+        older runs has them)."""
         from structattn.errors import ConfigError
 
-        values = dict(values)
-        legacy = {k: values.pop(k) for k in _LEGACY_HKT_KEYS if k in values}
-        if legacy:
-            values["hkt"] = {**legacy, **dict(values.get("hkt") or {})}
+        values = nest_flat_hkt_keys(values)  # files of earlier versions (structattn.compat)
         hkt_values = values.get("hkt") or {}
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         shared = sorted(

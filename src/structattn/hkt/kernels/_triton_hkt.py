@@ -175,6 +175,16 @@ def hkt_bwd_dkdv_kernel(q0, k0, q1, k1, q2, k2, q3, k3, v, lam, km, lse, delta, 
                         BD: tl.constexpr, BDV: tl.constexpr, CM1: tl.constexpr,
                         CN1: tl.constexpr, CM2: tl.constexpr, CN2: tl.constexpr,
                         CM3: tl.constexpr, CN3: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """dK, dV and the level weights' gradient for one key tile ``j0 .. j0 + BN`` of one
+    (batch, head), looping over the query tiles that see it (no atomics).
+
+    With ``S_ij = scale * sum_l lam_l q_l[i // s^l] . k_l[j // s^l]`` (the fine scores ``f0`` at
+    ``l = 0``), ``P = exp(S - lse)`` from the forward pass and ``delta_i = dO_i . O_i``:
+    ``dV_j = sum_i P_ij dO_i``, ``dS = P * (dO V^T - delta)``, the fine key
+    ``dk_0[j] = lam_0 scale sum_i dS_ij q_0[i]``, and at level ``l`` the coarse score gradient
+    ``dS^l`` (``dS`` summed over ``s^l x s^l`` blocks, nested: ``_block_sum``) gives
+    ``dk_l[c] = lam_l scale sum_r dS^l_rc q_l[r]`` and ``dlam_l = sum dS^l * C_l`` with ``C_l``
+    the unweighted coarse scores; ``dlam`` holds one partial sum per key tile (summed after)."""
     pid = tl.program_id(0)
     j0 = pid * BN
     bh = tl.program_id(1).to(tl.int64)
@@ -271,6 +281,10 @@ def hkt_bwd_dq_kernel(q0, k0, q1, k1, q2, k2, q3, k3, v, lam, km, lse, delta, do
                       BD: tl.constexpr, BDV: tl.constexpr, CM1: tl.constexpr,
                       CN1: tl.constexpr, CM2: tl.constexpr, CN2: tl.constexpr,
                       CM3: tl.constexpr, CN3: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """dQ for one query tile ``i0 .. i0 + BM`` of one (batch, head), looping over the key tiles
+    it sees: ``dS = P * (dO V^T - delta)`` as in :func:`hkt_bwd_dkdv_kernel`, the fine query
+    ``dq_0[i] = lam_0 scale sum_j dS_ij k_0[j]`` and at level ``l``
+    ``dq_l[r] = lam_l scale sum_c dS^l_rc k_l[c]`` with ``dS^l`` the block-summed ``dS``."""
     i0 = tl.program_id(0) * BM
     bh = tl.program_id(1).to(tl.int64)
     h = bh % H
