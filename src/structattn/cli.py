@@ -39,7 +39,9 @@ from structattn.engine.config import load_config, preset_names
 from structattn.engine.overrides import parse_settings
 from structattn.errors import ConfigError, UserError
 from structattn.experiments.commands import (
+    ConfigFile,
     PresetCommand,
+    PresetOf,
     check_sampling,
     parse_command,
     refuse_repeated_flags,
@@ -367,16 +369,8 @@ class Train(PresetCommand):
     """Train one HKT or MHA model on a task and print its final.json: --config and --preset
     choose the defaults below, every other flag overrides them."""
 
-    config: Annotated[
-        str,
-        tyro.conf.arg(
-            help="experiment file: a shipped <task>-<model> name (listops-hkt, "
-            "image-mha, text-hkt, ...) or a YAML path"
-        ),  # fmt: skip
-    ] = "listops-hkt"
-    preset: Annotated[
-        str, tyro.conf.arg(help=f"a preset of --config (shipped: {_preset_help('listops-hkt')})")
-    ] = "quick"
+    config: ConfigFile = "listops-hkt"
+    preset: PresetOf("listops-hkt") = "quick"
     experiment: Annotated[LRAConfig, tyro.conf.arg(name="")] = field(
         default_factory=lambda: load_lra("listops-hkt", "quick")
     )
@@ -397,12 +391,8 @@ class Lm(PresetCommand):
     text corpus: bits per byte on held-out text, and samples. --config and --preset choose the
     defaults below, every other flag overrides them."""
 
-    config: Annotated[str, tyro.conf.arg(help="experiment file: lm (shipped) or a YAML path")] = (
-        "lm"
-    )
-    preset: Annotated[
-        str, tyro.conf.arg(help=f"a preset of --config (shipped lm: {_preset_help('lm')})")
-    ] = "quick"
+    config: ConfigFile = "lm"
+    preset: PresetOf("lm") = "quick"
     experiment: Annotated[LMConfig, tyro.conf.arg(name="")] = field(
         default_factory=lambda: load_config(LMConfig, "lm", "quick")
     )

@@ -8,7 +8,7 @@ import io
 import math
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import tyro
 
@@ -17,6 +17,7 @@ from structattn.engine.config import (
     find_config,
     load_config,
     preset_from_args,
+    preset_names,
     with_saved_defaults,
 )
 from structattn.engine.rundir import RunDir
@@ -39,6 +40,16 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int) -> None:
         raise ConfigError(f"temperature must be a finite number > 0, got {temperature}")
     if top_k < 1:
         raise ConfigError(f"top_k must be >= 1, got {top_k}")
+
+
+#: The type of a preset command's ``--config``: an experiment file.
+ConfigFile = Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")]
+
+
+def PresetOf(config: str) -> Any:  # noqa: N802 (used as a type: ``preset: PresetOf("lm")``)
+    """The type of ``--preset``: a preset of --config, the help listing ``config``'s presets."""
+    shipped = " | ".join(preset_names(config))
+    return Annotated[str, tyro.conf.arg(help=f"a preset of --config (shipped {config}: {shipped})")]
 
 
 class PresetCommand:

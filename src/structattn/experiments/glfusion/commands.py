@@ -10,14 +10,16 @@ from typing import Annotated, ClassVar, Literal, Union
 
 import tyro
 
-from structattn.engine.config import build_dataclass, load_preset, preset_names
+from structattn.engine.config import build_dataclass, load_preset
 from structattn.engine.rundir import RunDir
 from structattn.errors import ConfigError
 from structattn.glfusion.loading import quiet_library_warnings
 
 from ..commands import (
     SAVED_PRESET,
+    ConfigFile,
     PresetCommand,
+    PresetOf,
     check_sampling,
     parse_command,
     run_config_values,
@@ -46,10 +48,6 @@ USAGE = (
 )
 
 
-def _presets(config: str = "glfusion") -> str:
-    return " | ".join(preset_names(config))
-
-
 Variant = Literal[tuple(GLFUSION_ABLATIONS)]  # type: ignore[valid-type]
 
 
@@ -58,12 +56,8 @@ class Train(PresetCommand):
     """Train GL-Fusion on a text-attributed graph: --config and --preset choose the defaults
     below, every other flag overrides them; prints the results table."""
 
-    config: Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")] = (
-        "glfusion"
-    )
-    preset: Annotated[
-        str, tyro.conf.arg(help=f"a preset of --config (shipped glfusion: {_presets()})")
-    ] = "quick"
+    config: ConfigFile = "glfusion"
+    preset: PresetOf("glfusion") = "quick"
     experiment: Annotated[GLFusionTrainConfig, tyro.conf.arg(name="")] = field(
         default_factory=lambda: load_glfusion("glfusion", "quick")
     )
@@ -232,12 +226,8 @@ class Baselines(PresetCommand):
     ensemble minus each label-aware baseline, paired by seed, and is refused when that run
     scored other nodes."""
 
-    config: Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")] = (
-        "glfusion"
-    )
-    preset: Annotated[
-        str, tyro.conf.arg(help=f"a preset of --config (shipped glfusion: {_presets()})")
-    ] = "quick"
+    config: ConfigFile = "glfusion"
+    preset: PresetOf("glfusion") = "quick"
     experiment: Annotated[GLFusionTrainConfig, tyro.conf.arg(name="")] = field(
         default_factory=lambda: load_glfusion("glfusion", "quick")
     )

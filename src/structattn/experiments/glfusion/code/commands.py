@@ -11,10 +11,10 @@ from typing import Annotated, ClassVar, Literal, Union
 
 import tyro
 
-from structattn.engine.config import load_preset, preset_names
+from structattn.engine.config import load_preset
 from structattn.errors import ConfigError
 
-from ...commands import PresetCommand, parse_command, saved_run_config
+from ...commands import ConfigFile, PresetCommand, PresetOf, parse_command, saved_run_config
 from .config import CodeNamesConfig, load_code_config
 from .table import ROWS as CODE_ROWS
 
@@ -27,22 +27,14 @@ USAGE = (
 )
 
 
-def _presets(config: str = "glfusion-code") -> str:
-    return " | ".join(preset_names(config))
-
-
 @dataclass
 class CodeTrain(PresetCommand):
     """Train one model to name Python functions from their syntax trees (code-names, built like
     ogbg-code2): --config and --preset choose the defaults below, every other flag overrides
     them; prints the validation and test scores."""
 
-    config: Annotated[str, tyro.conf.arg(help="experiment file: a shipped name or a YAML path")] = (
-        "glfusion-code"
-    )
-    preset: Annotated[
-        str, tyro.conf.arg(help=f"a preset of --config (shipped: {_presets('glfusion-code')})")
-    ] = "quick"
+    config: ConfigFile = "glfusion-code"
+    preset: PresetOf("glfusion-code") = "quick"
     experiment: Annotated[CodeNamesConfig, tyro.conf.arg(name="")] = field(
         default_factory=lambda: load_code_config("glfusion-code", "quick")
     )
