@@ -29,6 +29,7 @@ GLFUSION_ABLATIONS: dict[str, dict[str, Any]] = {
     "gnn-head-only": {"heads": "gnn"},
     "lm-head-only": {"heads": "lm"},
     "edge-texts": {"edge_texts": True},  # edge features from the edge texts, not one embedding
+    "paper-form": {"variant": "paper"},  # the paper's node tokens instead of the gated form
 }
 
 
