@@ -283,23 +283,34 @@ def test_cli_trains_a_gnn_and_writes_its_scores(tmp_path, capsys):
 
 def test_code_names_is_its_own_command_and_each_refuses_the_others_runs(tmp_path):
     from structattn.cli import main
+    from structattn.experiments.glfusion import GLFusionTrainConfig
 
     _build().save(tmp_path / "ds")
     run = tmp_path / "run"
     main(["code-names", "train", "--dataset-path", str(tmp_path / "ds"), "--model", "gin",
           "--run-dir", str(run), "--emb-dim", "8", "--gnn-layers", "2",
           "--train.max-steps", "2", "--train.batch-size", "2"])  # fmt: skip
-    with pytest.raises(SystemExit, match="is a code-names run: resume it with `structattn "
-                       "code-names train"):  # fmt: skip
+    with pytest.raises(SystemExit, match=f"{run} is a code-names run: resume it with `structattn "
+                       f"code-names train --run-dir {run} --resume`"):  # fmt: skip
         main(["glfusion", "train", "--run-dir", str(run), "--resume"])
-    with pytest.raises(SystemExit, match="code-names is a task of its own.*structattn code-names"):
-        main(["glfusion", "train", "--dataset", "code-names"])
+    for command in ("train", "ablate", "generate"):  # the spelling before the group existed
+        with pytest.raises(SystemExit, match=f"own: structattn code-names {command}"):
+            main(["glfusion", command, "--dataset", "code-names", str(run)])
+    with pytest.raises(ValueError, match="code-names is a task of its own.*structattn code-names"):
+        GLFusionTrainConfig(dataset="code-names")  # the config refuses it too
     other = tmp_path / "node-run"
     other.mkdir()
     (other / "config.yaml").write_text("dataset: wordnet\nname: x\n")
-    with pytest.raises(SystemExit, match="is not a code-names run: resume it with `structattn "
-                       "glfusion train"):  # fmt: skip
+    resume = f"resume it with `structattn glfusion train --run-dir {other} --resume`"
+    with pytest.raises(
+        SystemExit, match=f"{other} is a GL-Fusion node-classification run: {resume}"
+    ):
         main(["code-names", "train", "--run-dir", str(other), "--resume"])
+    lra = tmp_path / "lra-run"
+    lra.mkdir()
+    (lra / "config.yaml").write_text("name: x\ndata: {task: listops}\n")
+    with pytest.raises(SystemExit, match=f"resume it with `structattn train --run-dir {lra}"):
+        main(["code-names", "train", "--run-dir", str(lra), "--resume"])
 
 
 def test_gnn_learns_names_of_trees_it_was_trained_on():

@@ -79,3 +79,12 @@ def test_a_reader_that_returns_something_else_is_named(monkeypatch, tmp_path):
     cfg = build_glfusion_config({"dataset": "broken", "data_dir": tmp_path})
     with pytest.raises(TypeError, match="'broken' graph reader returned dict"):
         load_graph(cfg)
+
+
+def test_a_reader_named_by_a_wrong_path_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(GRAPH_READERS, "lost", "no_such_package.readers:from_config")
+    with pytest.raises(ValueError, match="'lost' graph reader .* cannot be loaded"):
+        build_glfusion_config({"dataset": "lost", "data_dir": tmp_path})
+    monkeypatch.setitem(GRAPH_READERS, "typo", "structattn.data.graphs.wordnet:from_confg")
+    with pytest.raises(ValueError, match="'typo' graph reader .* cannot be loaded"):
+        graph_reader("typo")

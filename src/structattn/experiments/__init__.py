@@ -2,7 +2,7 @@
 
 #: Kinds of run: what each is called and the command that reads it.
 RUN_KINDS = {
-    "code-names": ("a code-names run", "structattn glfusion generate"),
+    "code-names": ("a code-names run", "structattn code-names generate"),
     "glfusion": ("a GL-Fusion node-classification run", "structattn glfusion predict"),
     "lm": ("a byte-level language-model run", "structattn lm --run-dir RUN --resume"),
     "lra": ("an HKT/MHA sequence-classification run", "structattn eval"),

@@ -28,6 +28,7 @@ __all__ = [
     "check_sampling",
     "parse_command",
     "run_config_values",
+    "refuse_other_kind",
     "saved_run_config",
 ]
 
@@ -40,6 +41,31 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int) -> None:
         raise ConfigError(f"temperature must be a finite number > 0, got {temperature}")
     if top_k < 1:
         raise ConfigError(f"top_k must be >= 1, got {top_k}")
+
+
+#: How to continue a run of each kind, for a resume given to another kind's command.
+RESUME_COMMANDS = {
+    "glfusion": "structattn glfusion train",
+    "code-names": "structattn code-names train",
+    "lm": "structattn lm",
+    "lra": "structattn train",
+}
+
+
+def refuse_other_kind(args: list[str], kind: str) -> None:
+    """``--run-dir X --resume`` alone on a run of another kind than ``kind``: a ConfigError
+    naming the command that continues it (a saved config of this kind passes)."""
+    from structattn.experiments import RUN_KINDS, run_kind
+
+    saved = saved_run_config(args)
+    if saved is None or run_kind(saved[1]) == kind:
+        return
+    folder, found = saved[0].parent, run_kind(saved[1])
+    what = RUN_KINDS[found][0]
+    if found in RESUME_COMMANDS:
+        command = f"{RESUME_COMMANDS[found]} --run-dir {folder} --resume"
+        raise ConfigError(f"{folder} is {what}: resume it with `{command}`")
+    raise ConfigError(f"{folder} holds {what}: see `structattn --help`")
 
 
 #: The type of a preset command's ``--config``: an experiment file.

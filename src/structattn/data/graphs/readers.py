@@ -41,7 +41,13 @@ def graph_reader(name: str) -> GraphReader:
     reader = GRAPH_READERS[name]
     if isinstance(reader, str):
         module, _, attr = reader.partition(":")
-        reader = getattr(importlib.import_module(module), attr)
+        try:
+            reader = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(
+                f"the {name!r} graph reader {GRAPH_READERS[name]!r} cannot be loaded ({err}): "
+                "register it as 'package.module:function'"
+            ) from None
     return reader
 
 

@@ -22,8 +22,8 @@ from ..commands import (
     PresetOf,
     check_sampling,
     parse_command,
+    refuse_other_kind,
     run_config_values,
-    saved_run_config,
 )
 from .ablate import GLFUSION_ABLATIONS
 from .config import GLFusionTrainConfig, load_glfusion
@@ -272,17 +272,24 @@ COMMANDS = {"train": Train, "predict": Predict, "generate": Generate, "ablate": 
             "baselines": Baselines}  # fmt: skip
 
 
+def _names_code_names(args: list[str]) -> bool:
+    """``--dataset code-names`` among ``args``: the spelling of the code-names commands before
+    they became their own group (refused with the new command, never routed)."""
+    pairs = zip(args, [*args[1:], None])
+    return "--dataset=code-names" in args or ("--dataset", "code-names") in pairs
+
+
 def main(argv: list[str]) -> None:
     """``structattn glfusion COMMAND ...``: parse and run one command."""
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         raise ConfigError(USAGE)
-    if argv[0] == "train":  # --run-dir X --resume alone: a run of the other task is named
-        saved = saved_run_config(argv[1:])
-        if saved is not None and saved[1].get("dataset") == "code-names":
-            raise ConfigError(
-                f"{saved[0]} is a code-names run: resume it with `structattn code-names train "
-                f"--run-dir {saved[0]} --resume`"
-            )
+    if _names_code_names(argv[1:]):
+        raise ConfigError(
+            "code-names is a command group of its own: structattn code-names "
+            f"{argv[0] if argv[0] in ('train', 'ablate', 'generate') else 'train'} ..."
+        )
+    if argv[0] == "train":  # --run-dir X --resume alone: a run of another kind is named
+        refuse_other_kind(argv[1:], "glfusion")
     train = Train.defaults(argv[1:]) if argv[0] == "train" else Train()
     # baselines: the config as train would build it from the same flags
     baselines = {"default": Baselines.defaults(argv[1:])} if argv[0] == "baselines" else {}

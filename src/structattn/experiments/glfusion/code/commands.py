@@ -14,7 +14,7 @@ import tyro
 from structattn.engine.config import load_preset
 from structattn.errors import ConfigError
 
-from ...commands import ConfigFile, PresetCommand, PresetOf, parse_command, saved_run_config
+from ...commands import ConfigFile, PresetCommand, PresetOf, parse_command, refuse_other_kind
 from .config import CodeNamesConfig, load_code_config
 from .table import ROWS as CODE_ROWS
 
@@ -123,13 +123,8 @@ def main(argv: list[str]) -> None:
     """``structattn code-names COMMAND ...``: parse and run one command."""
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         raise ConfigError(USAGE)
-    if argv[0] == "train":  # --run-dir X --resume alone: a run of the other task is named
-        saved = saved_run_config(argv[1:])
-        if saved is not None and saved[1].get("dataset") != "code-names":
-            raise ConfigError(
-                f"{saved[0]} is not a code-names run: resume it with `structattn glfusion "
-                f"train --run-dir {saved[0]} --resume`"
-            )
+    if argv[0] == "train":  # --run-dir X --resume alone: a run of another kind is named
+        refuse_other_kind(argv[1:], "code-names")
     train = CodeTrain.defaults(argv[1:]) if argv[0] == "train" else CodeTrain()
     choices = Union[  # noqa: UP007 (tyro reads the subcommands from a typing.Union)
         Annotated[CodeTrain, tyro.conf.subcommand("train", default=train)],

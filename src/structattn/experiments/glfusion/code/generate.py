@@ -1,5 +1,5 @@
-"""Name a function with a finished code-names run (``structattn glfusion generate --dataset
-code-names RUN_DIR --file F.py --function NAME``): the function's syntax tree is built exactly as
+"""Name a function with a finished code-names run (``structattn code-names generate RUN_DIR
+--file F.py --function NAME``): the function's syntax tree is built exactly as
 the dataset builds it (name and its uses masked, docstrings removed), and the run's best model
 predicts the name's sub-tokens, an LLM model generating them greedily with a key/value cache."""
 
