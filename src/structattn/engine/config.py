@@ -13,40 +13,21 @@ from typing import Any, ClassVar
 
 from structattn.errors import ConfigError
 
-from .loader import (
-    CONFIG_DIR,
-    build_dataclass,
-    find_config,
-    load_config,
-    load_preset,
-    merge_overrides,
-    parse_yaml,
-    plain,
-    preset_from_args,
-    preset_names,
-    read_yaml,
-)
+from . import loader
+from .loader import *  # noqa: F403 (the loader's names, importable from here as before)
+from .loader import plain
 
 __all__ = [
-    "CONFIG_DIR",
     "OptimConfig",
     "RESUMABLE_CHANGES",
     "RunConfig",
     "TrainConfig",
-    "build_dataclass",
     "check_run_name",
     "config_diff",
     "config_to_dict",
     "default_config",
-    "find_config",
-    "load_config",
-    "load_preset",
-    "merge_overrides",
-    "parse_yaml",
-    "plain",
-    "preset_from_args",
-    "preset_names",
-    "read_yaml",
+    "with_saved_defaults",
+    *loader.__all__,
 ]
 
 
