@@ -159,3 +159,18 @@ def test_reproduce_set_shrinks_a_run_to_seconds(lra_data_dir, tmp_path, capsys, 
                          (["train={max_steps: 2}", "train.max_steps=3"], "overlap")):  # fmt: skip
         with pytest.raises(SystemExit, match=message):
             main(["reproduce", "--tasks", "listops", "--out-dir", str(out), "--set", *bad])
+
+
+def test_an_hkt_layers_width_heads_and_causality_are_no_flags(tmp_path, capsys):
+    """The model sets its HKT layers' width, heads and causality: ``--model.hkt.d-model`` is an
+    unknown flag (one line, nothing written), ``--help`` does not list it, the layer's own
+    options stay flags."""
+    with pytest.raises(SystemExit, match="model.hkt.d-model"):
+        main(["train", "--preset", "quick", "--model.hkt.d-model", "8",
+              "--run-dir", str(tmp_path / "x")])  # fmt: skip
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    shown = capsys.readouterr().out
+    assert "--model.hkt.n-levels" in shown and "--model.d-model" in shown
+    assert not any(f"--model.hkt.{f}" in shown for f in ("d-model", "n-heads", "causal"))

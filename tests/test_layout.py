@@ -108,3 +108,28 @@ def test_the_length_rule_sees_long_functions_and_documented_kernels():
     assert _documented_kernel(kernel)
     undocumented = ast.parse(f"@triton.jit\ndef k():\n{body}\n").body[0]
     assert not _documented_kernel(undocumented)
+
+
+#: Packages a user builds models from; the command line is the experiments' business.
+MODEL_PACKAGES = ("structattn.hkt", "structattn.glfusion", "structattn.data", "structattn.engine")
+
+
+def _third_party(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_model_packages_import_no_command_line_library():
+    modules = _modules()
+    assert "tyro" in _third_party(modules["structattn.experiments.commands"])  # it sees tyro
+    offenders = sorted(
+        name
+        for name, path in modules.items()
+        if name.startswith(MODEL_PACKAGES) and "tyro" in _third_party(path)
+    )
+    assert not offenders, offenders

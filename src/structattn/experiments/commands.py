@@ -4,6 +4,7 @@ experiment file and a preset choose the defaults, every other flag overrides the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import sys
@@ -22,6 +23,8 @@ from structattn.engine.config import (
 )
 from structattn.engine.rundir import RunDir
 from structattn.errors import ConfigError, RunError
+from structattn.hkt.attention import HKTConfig
+from structattn.hkt.model import FROM_MODEL
 
 __all__ = [
     "PresetCommand",
@@ -192,6 +195,35 @@ def refuse_repeated_flags(args: list[str]) -> None:
         seen.add(flag)
 
 
+#: Fields a configuration takes from the one it sits in, so never command-line flags: an HKT
+#: layer's width, heads and causality are its model's (:data:`structattn.hkt.model.FROM_MODEL`).
+HIDDEN_FIELDS: dict[type, tuple[str, ...]] = {HKTConfig: FROM_MODEL}
+
+FLAGS = tyro.constructors.ConstructorRegistry()
+_hiding: set[type] = set()  # the types whose hidden fields are being looked up
+
+
+@FLAGS.struct_rule
+def _hide_fields(info):
+    """tyro's own fields of a :data:`HIDDEN_FIELDS` type, those named there suppressed."""
+    hidden = HIDDEN_FIELDS.get(info.type)
+    if hidden is None or info.type in _hiding:
+        return None
+    _hiding.add(info.type)
+    try:
+        spec = tyro.constructors.ConstructorRegistry.get_struct_spec(info)
+    finally:
+        _hiding.discard(info.type)
+    if not isinstance(spec, tyro.constructors.StructConstructorSpec):
+        return spec
+    fields = tuple(
+        dataclasses.replace(f, type=Annotated[f.type, tyro.conf.Suppress]) if f.name in hidden
+        else f
+        for f in spec.fields
+    )  # fmt: skip
+    return dataclasses.replace(spec, fields=fields)
+
+
 def parse_command(cls, args: list[str], prog: str, default=None, **kwargs):
     """``tyro.cli`` whose bad-input errors (an unknown flag, a value a dataclass rejects, a flag
     given twice) are one :class:`ConfigError` line instead of tyro's box; ``--help`` prints as
@@ -202,7 +234,7 @@ def parse_command(cls, args: list[str], prog: str, default=None, **kwargs):
         with contextlib.redirect_stderr(captured):
             if default is not None:
                 kwargs["default"] = default
-            return tyro.cli(cls, args=args, prog=prog, **kwargs)
+            return tyro.cli(cls, args=args, prog=prog, registry=FLAGS, **kwargs)
     except SystemExit as stop:
         if stop.code in (0, None):
             sys.stderr.write(captured.getvalue())

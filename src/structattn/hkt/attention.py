@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 import torch.nn.functional as F
-import tyro
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -50,12 +48,11 @@ EMPTY = _EmptySlot()
 class HKTConfig:
     """Configuration of one :class:`HKTAttention` layer."""
 
-    # Set by the model inside a ModelConfig, so not command-line flags of it (tyro.conf.Suppress)
-    d_model: Annotated[int, tyro.conf.Suppress] = 256  # model width D
-    n_heads: Annotated[int, tyro.conf.Suppress] = 4  # heads H; head dim d = D / H
+    d_model: int = 256  # model width D (inside a ModelConfig: the model's)
+    n_heads: int = 4  # heads H; head dim d = D / H (inside a ModelConfig: the model's)
     n_levels: int = 3  # resolution levels L (1 = flat attention)
     stride: int = 2  # length ratio s >= 2 between consecutive levels
-    causal: Annotated[bool, tyro.conf.Suppress] = True  # causal or bidirectional attention
+    causal: bool = True  # causal or bidirectional attention (inside a ModelConfig: the model's)
     hybrid: bool = True  # Y = beta*attention + (1-beta)*causal conv; False: attention only
     impl: str = "auto"  # any key of ATTENTION_IMPLS: "auto" (fastest exact path), "sdpa", ...
     downsample_kernel: int = 3  # kernel of the causal depthwise conv between levels

@@ -50,8 +50,8 @@ __all__ = [
     "count_parameters",
 ]
 
-#: HKTConfig fields that ModelConfig sets from its own.
-_FROM_MODEL = ("d_model", "n_heads", "causal")
+#: HKTConfig fields that ModelConfig sets from its own (so no option of a ModelConfig's ``hkt``).
+FROM_MODEL = ("d_model", "n_heads", "causal")
 
 
 @dataclass
@@ -114,9 +114,7 @@ class ModelConfig:
         hkt_values = values.get("hkt") or {}
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         shared = sorted(
-            k
-            for k in _FROM_MODEL
-            if k in hkt_values and hkt_values[k] != values.get(k, defaults[k])
+            k for k in FROM_MODEL if k in hkt_values and hkt_values[k] != values.get(k, defaults[k])
         )
         if shared:
             raise ConfigError(
@@ -124,12 +122,12 @@ class ModelConfig:
                 "(the attention takes width, heads and causality from the model)"
             )
         if isinstance(values.get("hkt"), dict):
-            values["hkt"] = {k: v for k, v in values["hkt"].items() if k not in _FROM_MODEL}
+            values["hkt"] = {k: v for k, v in values["hkt"].items() if k not in FROM_MODEL}
         return values
 
     def to_config_values(self, out: dict) -> dict:
         """The plain form without ``hkt``'s copies of the model's width, heads and causality."""
-        out["hkt"] = {k: v for k, v in out["hkt"].items() if k not in _FROM_MODEL}
+        out["hkt"] = {k: v for k, v in out["hkt"].items() if k not in FROM_MODEL}
         return out
 
     @property
