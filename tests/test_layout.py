@@ -1,5 +1,6 @@
-"""The architecture the layout promises: no import cycle between modules of ``structattn``, and
-every function short (documented GPU kernels aside)."""
+"""The architecture the layout promises: no import cycle between modules of ``structattn``, every
+function short (documented GPU kernels aside), model packages free of command-line code, and a
+run's data path, followed through its calls, short and never calling up a layer."""
 
 from __future__ import annotations
 
@@ -133,3 +134,122 @@ def test_model_packages_import_no_command_line_library():
         if name.startswith(MODEL_PACKAGES) and "tyro" in _third_party(path)
     )
     assert not offenders, offenders
+
+
+# --------------------------------------------------------------- following a run's data path
+
+#: Layers, lowest first: a call from a lower layer into a higher one is a climb.
+LAYERS = ("utils", "errors", "compat", "data", "hkt", "glfusion", "engine", "experiments", "cli")
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else 0
+
+
+def _calls(prepare) -> list[tuple[str | None, str]]:
+    """Every call from one module of ``structattn`` into another while ``prepare()`` runs, as
+    ``(caller, callee)`` module names (``None``: the first call)."""
+    import sys
+
+    root = str(SRC / "structattn") + "/"
+    stack, edges = [], []
+
+    def profile(frame, event, arg):
+        name = frame.f_code.co_filename
+        if not name.startswith(root):
+            return
+        module = name[len(root) : -3].replace("/", ".").removesuffix(".__init__")
+        if event == "call":
+            caller = stack[-1] if stack else None
+            if module != caller:
+                edges.append((caller, module))
+            stack.append(module)
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(profile)
+    try:
+        prepare()
+    finally:
+        sys.setprofile(None)
+    return edges
+
+
+def _follow(edges) -> tuple[list[str], list[str], list[str]]:
+    """The modules in the order they are first entered, the returns (a call along an edge not
+    taken before into a module already entered: going back to a file already left) and the
+    climbs (a call into a higher layer). Repeated calls along one edge (a loop) count once."""
+    entered, returns, climbs, seen = [], [], [], set()
+    for caller, module in edges:
+        if (caller, module) in seen:
+            continue
+        seen.add((caller, module))
+        if module in entered:
+            returns.append(f"{caller} -> {module}")
+        else:
+            entered.append(module)
+        if caller is not None and _layer(module) > _layer(caller):
+            climbs.append(f"{caller} -> {module}")
+    return entered, returns, climbs
+
+
+def test_the_path_follower_counts_files_returns_and_climbs():
+    edges = [
+        (None, "experiments.x"), ("experiments.x", "data.a"), ("data.a", "data.b"),
+        ("data.a", "data.b"), ("experiments.x", "data.b"), ("data.b", "engine.loop"),
+    ]  # fmt: skip
+    entered, returns, climbs = _follow(edges)
+    assert entered == ["experiments.x", "data.a", "data.b", "engine.loop"]
+    assert returns == ["experiments.x -> data.b"] and climbs == ["data.b -> engine.loop"]
+    import structattn.data.base as base
+
+    calls = _calls(lambda: base.split_indices(10, [0.5, 0.5], 0))
+    assert calls[0] == (None, "data.base")
+
+
+def _tiny_glfusion(tmp_path):
+    import types
+
+    from helpers import tiny_glfusion_models, write_wordnet
+
+    from structattn.experiments.glfusion import build_glfusion_config
+    from structattn.experiments.glfusion.run import NodeClassification
+
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+    llm, encoder = tiny_glfusion_models(tmp_path)
+    cfg = build_glfusion_config({
+        "dataset": "wordnet", "data_dir": tmp_path / "data", "run_dir": tmp_path / "run",
+        "max_train": 6, "max_val": 3, "max_test": 3, "train": {"max_steps": 1},
+    })  # fmt: skip
+    run = NodeClassification(cfg, llm=llm, encoder=encoder, progress=False)
+    run.engine = types.SimpleNamespace(is_main=True)
+    return run
+
+
+def test_glfusion_data_path_is_short_and_never_climbs(tmp_path):
+    """From a node-classification run's data preparation (graph, targets, prompts, encodings) to
+    its model: the data modules entered stay few, the path seldom goes back to a file it left
+    and never calls up a layer; the model package's own modules build the model."""
+    run = _tiny_glfusion(tmp_path)
+    entered, returns, climbs = _follow(_calls(lambda: (run.build_data(), run.build_model())))
+    data = [m for m in entered if not m.startswith("glfusion.")]
+    assert "data.graphs.sampling" in data and "experiments.glfusion.prompts" in data
+    assert len(data) <= 12, data
+    assert len(returns) <= 4, returns
+    assert not climbs, climbs
+
+
+def test_hkt_data_path_is_short_and_never_climbs(lra_data_dir, tmp_path):
+    """The same for an LRA run (the path GL-Fusion's is held to)."""
+    from helpers import tiny_listops
+
+    from structattn.experiments.lra.experiment import SequenceClassification
+
+    run = SequenceClassification(tiny_listops(lra_data_dir, tmp_path / "run"), progress=False)
+    entered, returns, climbs = _follow(_calls(lambda: (run.build_data(), run.build_model())))
+    data = [m for m in entered if not m.startswith("hkt.")]
+    assert "data.listops" in data and "hkt.model" in entered
+    assert len(data) <= 8, data
+    assert len(returns) <= 2, returns
+    assert not climbs, climbs
