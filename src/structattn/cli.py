@@ -35,19 +35,17 @@ from typing import Annotated, ClassVar
 import tyro
 
 from structattn.data.tasks import TaskSpec
-from structattn.engine.config import load_config, preset_names
+from structattn.engine.config import preset_names
 from structattn.engine.overrides import parse_settings
 from structattn.errors import ConfigError, UserError
 from structattn.experiments.commands import (
-    ConfigFile,
-    PresetCommand,
-    PresetOf,
     check_sampling,
     parse_command,
+    preset_command,
     refuse_repeated_flags,
 )
 from structattn.experiments.lm.config import LMConfig
-from structattn.experiments.lra.config import LRAConfig, load_lra
+from structattn.experiments.lra.config import LRAConfig
 from structattn.hkt.model import ModelConfig
 
 __all__ = ["Cost", "DataFetch", "DataSummary", "Lm", "Params", "Train", "main"]
@@ -365,18 +363,9 @@ class Generate:
 
 
 @dataclass
-class Train(PresetCommand):
+class Train(preset_command("listops-hkt", LRAConfig)):
     """Train one HKT or MHA model on a task and print its final.json: --config and --preset
     choose the defaults below, every other flag overrides them."""
-
-    config: ConfigFile = "listops-hkt"
-    preset: PresetOf("listops-hkt") = "quick"
-    experiment: Annotated[LRAConfig, tyro.conf.arg(name="")] = field(
-        default_factory=lambda: load_lra("listops-hkt", "quick")
-    )
-
-    default_config: ClassVar[str] = "listops-hkt"
-    config_class: ClassVar[type] = LRAConfig
 
     def run(self) -> None:
         from structattn.experiments.lra import experiment
@@ -386,19 +375,10 @@ class Train(PresetCommand):
 
 
 @dataclass
-class Lm(PresetCommand):
+class Lm(preset_command("lm", LMConfig)):
     """Train a byte-level causal language model (HKT, or MHA with --model.attention mha) on the
     text corpus: bits per byte on held-out text, and samples. --config and --preset choose the
     defaults below, every other flag overrides them."""
-
-    config: ConfigFile = "lm"
-    preset: PresetOf("lm") = "quick"
-    experiment: Annotated[LMConfig, tyro.conf.arg(name="")] = field(
-        default_factory=lambda: load_config(LMConfig, "lm", "quick")
-    )
-
-    default_config: ClassVar[str] = "lm"
-    config_class: ClassVar[type] = LMConfig
 
     def run(self) -> None:
         from structattn.experiments.lm import train_lm

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from structattn.errors import ConfigError
+from structattn.utils.checks import require_positive
 
 from . import loader
 from .loader import *  # noqa: F403 (the loader's names, importable from here as before)
@@ -93,16 +94,8 @@ class TrainConfig:
     max_skipped: int = 10  # with nonfinite=skip: stop after this many skipped steps
 
     def __post_init__(self) -> None:
-        for key in (
-            "max_steps",
-            "batch_size",
-            "grad_accum",
-            "eval_every",
-            "log_every",
-            "keep_checkpoints",
-        ):
-            if getattr(self, key) < 1:
-                raise ValueError(f"train.{key} must be >= 1, got {getattr(self, key)}")
+        require_positive(self, ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every",
+                                "keep_checkpoints"), prefix="train.")  # fmt: skip
         if self.grad_accum > self.batch_size:
             raise ValueError(
                 f"train.grad_accum ({self.grad_accum}) must be <= train.batch_size "

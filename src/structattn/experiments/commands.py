@@ -28,6 +28,7 @@ from structattn.hkt.model import FROM_MODEL
 
 __all__ = [
     "PresetCommand",
+    "preset_command",
     "check_sampling",
     "parse_command",
     "run_config_values",
@@ -117,6 +118,23 @@ class PresetCommand:
         """Say which file and preset the run uses (stderr)."""
         where = self.config if self.preset == SAVED_PRESET else find_config(self.config)
         print(f"config: {where} [{self.preset}]", file=sys.stderr)
+
+
+def preset_command(config: str, config_class: type) -> type:
+    """The base of a command whose defaults are a preset of the experiment file ``config``
+    (``quick`` unless ``--preset`` names another): the fields ``--config``, ``--preset`` and
+    ``experiment``, a ``config_class`` whose fields are flags without a prefix. A command
+    subclasses it (``@dataclass class Train(preset_command("lm", LMConfig))``), adding its own
+    fields and ``run``."""
+    fields = [
+        ("config", ConfigFile, dataclasses.field(default=config)),
+        ("preset", PresetOf(config), dataclasses.field(default="quick")),
+        ("experiment", Annotated[config_class, tyro.conf.arg(name="")],
+         dataclasses.field(default_factory=lambda: load_config(config_class, config, "quick"))),
+    ]  # fmt: skip
+    namespace = {"default_config": config, "config_class": config_class}
+    return dataclasses.make_dataclass(f"{config_class.__name__}Command", fields,
+                                      bases=(PresetCommand,), namespace=namespace)  # fmt: skip
 
 
 #: The preset name shown for a config read from a run folder.

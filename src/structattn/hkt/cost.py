@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .levels import level_lengths
+from .levels import check_levels, level_lengths
 
 __all__ = ["HKTCost", "hkt_cost"]
 
@@ -46,10 +46,7 @@ def hkt_cost(
     With ``seq_len`` the exact level lengths ``T_l = ceil(T_{l-1}/s)`` are used; without it the
     large-T limit ``T_l = T / s^l``. ``head_dim`` only scales ``mha_flops``.
     """
-    if n_levels < 1:
-        raise ValueError(f"n_levels must be >= 1, got {n_levels}")
-    if stride < 2:
-        raise ValueError(f"stride must be >= 2, got {stride}")
+    check_levels(n_levels, stride)
     if head_dim < 1:
         raise ValueError(f"head_dim must be >= 1, got {head_dim}")
     if seq_len is not None and seq_len < 1:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 __all__ = [
     "attendable_keys",
+    "check_levels",
     "effective_levels",
     "is_right_padded",
     "level_lengths",
@@ -19,14 +20,19 @@ __all__ = [
 ]
 
 
-def level_lengths(seq_len: int, n_levels: int, stride: int) -> list[int]:
-    """Level lengths: ``T_0 = seq_len``, ``T_l = ceil(T_{l-1} / stride)`` for ``l < n_levels``."""
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+def check_levels(n_levels: int, stride: int) -> None:
+    """A ``ValueError`` unless there is at least one level and each is at least 2x shorter."""
     if n_levels < 1:
         raise ValueError(f"n_levels must be >= 1, got {n_levels}")
     if stride < 2:
         raise ValueError(f"stride must be >= 2, got {stride}")
+
+
+def level_lengths(seq_len: int, n_levels: int, stride: int) -> list[int]:
+    """Level lengths: ``T_0 = seq_len``, ``T_l = ceil(T_{l-1} / stride)`` for ``l < n_levels``."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    check_levels(n_levels, stride)
     lengths = [seq_len]
     for _ in range(1, n_levels):
         lengths.append(-(-lengths[-1] // stride))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from structattn.compat import nest_flat_hkt_keys
+from structattn.utils.checks import require_positive
 
 from .attention import EMPTY, HKTAttention, HKTConfig, check_input_dtype
 from .decoding.cache import (
@@ -78,17 +79,8 @@ class ModelConfig:
             raise ValueError(f"attention must be one of {known}, got {self.attention!r}")
         if self.pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be 'mean' or 'last', got {self.pooling!r}")
-        for name in (
-            "vocab_size",
-            "num_classes",
-            "max_len",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "mlp_ratio",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_positive(self, ("vocab_size", "num_classes", "max_len", "d_model", "n_layers",
+                                "n_heads", "mlp_ratio"))  # fmt: skip
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"

@@ -4,9 +4,9 @@ flags (parsed by ``tyro``), ``.run()`` what it does."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, Literal, Union
 
 import tyro
 
@@ -17,16 +17,14 @@ from structattn.glfusion.loading import quiet_library_warnings
 
 from ..commands import (
     SAVED_PRESET,
-    ConfigFile,
-    PresetCommand,
-    PresetOf,
     check_sampling,
     parse_command,
+    preset_command,
     refuse_other_kind,
     run_config_values,
 )
 from .ablate import GLFUSION_ABLATIONS
-from .config import GLFusionTrainConfig, load_glfusion
+from .config import GLFusionTrainConfig
 
 __all__ = [
     "COMMANDS",
@@ -52,18 +50,9 @@ Variant = Literal[tuple(GLFUSION_ABLATIONS)]  # type: ignore[valid-type]
 
 
 @dataclass
-class Train(PresetCommand):
+class Train(preset_command("glfusion", GLFusionTrainConfig)):
     """Train GL-Fusion on a text-attributed graph: --config and --preset choose the defaults
     below, every other flag overrides them; prints the results table."""
-
-    config: ConfigFile = "glfusion"
-    preset: PresetOf("glfusion") = "quick"
-    experiment: Annotated[GLFusionTrainConfig, tyro.conf.arg(name="")] = field(
-        default_factory=lambda: load_glfusion("glfusion", "quick")
-    )
-
-    default_config: ClassVar[str] = "glfusion"
-    config_class: ClassVar[type] = GLFusionTrainConfig
 
     @classmethod
     def adopt_saved(cls, values: dict) -> dict:
@@ -218,7 +207,7 @@ def _run_folder_key(run_dir) -> str:
 
 
 @dataclass
-class Baselines(PresetCommand):
+class Baselines(preset_command("glfusion", GLFusionTrainConfig)):
     """Every baseline on the targets, prompts and encodings that a GL-Fusion run of the same
     config uses, without training GL-Fusion: --config, --preset and train's flags choose the
     config as they do for train, or --run-dir RUN alone reads that run's config.yaml. The table
@@ -226,17 +215,9 @@ class Baselines(PresetCommand):
     ensemble minus each label-aware baseline, paired by seed, and is refused when that run
     scored other nodes."""
 
-    config: ConfigFile = "glfusion"
-    preset: PresetOf("glfusion") = "quick"
-    experiment: Annotated[GLFusionTrainConfig, tyro.conf.arg(name="")] = field(
-        default_factory=lambda: load_glfusion("glfusion", "quick")
-    )
     seeds: tuple[int, ...] | None = None  # seeds, each drawing its own targets (default: --seed)
     against: Path | None = None  # a finished run folder (or its final.json), or an ablations.json
     out_dir: Path = Path("results/glfusion")  # the table goes to <out_dir>/<preset or run name>/
-
-    default_config: ClassVar[str] = "glfusion"
-    config_class: ClassVar[type] = GLFusionTrainConfig
 
     @classmethod
     def defaults(cls, args: list[str]):

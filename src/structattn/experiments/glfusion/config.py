@@ -21,6 +21,7 @@ from structattn.engine.config import (
 )
 from structattn.glfusion.configuration import VARIANTS
 from structattn.glfusion.loading import EncodingCache, load_llm, load_text_encoder
+from structattn.utils.checks import require_positive
 
 __all__ = [
     "GLFUSION_RESUMABLE",
@@ -152,19 +153,9 @@ class GLFusionTrainConfig(RunConfig):
         check_group_rates(self)
         absolute_paths(self, ("graph_path", "data_dir", "arxiv_root", "arxiv_titleabs", "llm",
                               "encoder"))  # fmt: skip
-        for key in (
-            "max_train",
-            "max_val",
-            "max_test",
-            "max_nodes",
-            "eval_batch_size",
-            "text_tokens",
-            "lora_r",
-            "node_text_tokens",
-            "max_prompt_tokens",
-        ):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        require_positive(self, ("max_train", "max_val", "max_test", "max_nodes", "eval_batch_size",
+                                "text_tokens", "lora_r", "node_text_tokens",
+                                "max_prompt_tokens"))  # fmt: skip
 
 
 def load_glfusion(name_or_path: str | Path = "glfusion", preset: str = "quick", **overrides):

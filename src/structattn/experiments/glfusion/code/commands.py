@@ -5,17 +5,17 @@ the flags (parsed by ``tyro``), ``.run()`` what it does."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, Literal, Union
 
 import tyro
 
 from structattn.engine.config import load_preset
 from structattn.errors import ConfigError
 
-from ...commands import ConfigFile, PresetCommand, PresetOf, parse_command, refuse_other_kind
-from .config import CodeNamesConfig, load_code_config
+from ...commands import parse_command, preset_command, refuse_other_kind
+from .config import CodeNamesConfig
 from .table import ROWS as CODE_ROWS
 
 __all__ = ["COMMANDS", "CodeAblate", "CodeGenerate", "CodeTrain", "main"]
@@ -28,19 +28,10 @@ USAGE = (
 
 
 @dataclass
-class CodeTrain(PresetCommand):
+class CodeTrain(preset_command("glfusion-code", CodeNamesConfig)):
     """Train one model to name Python functions from their syntax trees (code-names, built like
     ogbg-code2): --config and --preset choose the defaults below, every other flag overrides
     them; prints the validation and test scores."""
-
-    config: ConfigFile = "glfusion-code"
-    preset: PresetOf("glfusion-code") = "quick"
-    experiment: Annotated[CodeNamesConfig, tyro.conf.arg(name="")] = field(
-        default_factory=lambda: load_code_config("glfusion-code", "quick")
-    )
-
-    default_config: ClassVar[str] = "glfusion-code"
-    config_class: ClassVar[type] = CodeNamesConfig
 
     def run(self) -> None:
         from .experiment import train_code_names

@@ -10,6 +10,7 @@ from typing import ClassVar
 from structattn.data.base import default_data_dir
 from structattn.engine.config import OptimConfig, RunConfig, TrainConfig, load_config
 from structattn.glfusion.configuration import VARIANTS
+from structattn.utils.checks import require_positive
 
 from ..config import absolute_paths, check_group_rates
 
@@ -90,22 +91,15 @@ class CodeNamesConfig(RunConfig):
             raise ValueError(f"dataset must be code-names here, got {self.dataset!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        for key in ("max_train", "max_val", "max_test"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ValueError(f"{key} must be >= 1 or None, got {value}")
-        for key in ("eval_batch_size", "gnn_layers", "emb_dim", "num_vocab", "num_attributes",
-                    "max_depth"):  # fmt: skip
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        require_positive(self, ("max_train", "max_val", "max_test"), allow_none=True)
+        require_positive(self, ("eval_batch_size", "gnn_layers", "emb_dim", "num_vocab",
+                                "num_attributes", "max_depth"))  # fmt: skip
         if self.llm_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"llm_dtype must be float32 or bfloat16, got {self.llm_dtype!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        for key in ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens",
-                    "node_text_tokens"):  # fmt: skip
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        require_positive(self, ("text_tokens", "lora_r", "max_prompt_tokens", "max_new_tokens",
+                                "node_text_tokens"))  # fmt: skip
         check_group_rates(self)
         absolute_paths(self, ("data_dir", "dataset_path", "llm", "encoder"))
         if not 0.0 <= self.dropout < 1.0:
