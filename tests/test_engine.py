@@ -18,7 +18,15 @@ import yaml
 from helpers import TINY_MODEL, tiny_lra
 from safetensors.torch import load_file, save_file
 
-from structattn.engine import Engine, NonFiniteLossError, OptimConfig, TrainConfig, param_groups
+from structattn.engine import (
+    Engine,
+    FitRules,
+    NonFiniteLossError,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    param_groups,
+)
 from structattn.engine.config import build_dataclass
 from structattn.errors import ConfigError, RunError
 from structattn.experiments.lra import LRAConfig, load_lra, train
@@ -323,15 +331,8 @@ def _toy_engine(run_dir, **train):
         **{"max_steps": 8, "batch_size": 4, "eval_every": 4, "log_every": 1, **train}
     )
     optim = OptimConfig(lr=0.05, warmup_steps=0)
-    return Engine(
-        run_dir=run_dir,
-        optim=optim,
-        train=train_cfg,
-        seed=0,
-        config={"toy": 1},
-        progress=False,
-        select="neg_loss",
-    )
+    cfg = RunConfig(name="toy", run_dir=run_dir, optim=optim, train=train_cfg)
+    return Engine(cfg, progress=False, rules=FitRules(select="neg_loss"))
 
 
 def test_skip_mode_drops_bad_updates_and_counts_them(tmp_path):

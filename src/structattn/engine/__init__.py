@@ -24,7 +24,7 @@ from .config import (
     preset_names,
 )
 from .experiment import Experiment
-from .loop import Engine, NonFiniteLossError
+from .loop import Engine, FitRules, NonFiniteLossError
 from .metrics import METRIC_FIELDS, MetricsLog
 from .optim import lr_lambda, param_groups
 from .rundir import RunDir, json_safe
@@ -33,6 +33,7 @@ from .state import FitResult, TrainState
 
 __all__ = [
     "Engine",
+    "FitRules",
     "Experiment",
     "FitResult",
     "METRIC_FIELDS",

@@ -29,7 +29,7 @@ from torch import nn
 
 from structattn.errors import ConfigError, RunError
 
-from .loop import Engine
+from .loop import Engine, FitRules
 from .metrics import plot_metrics
 from .rundir import RunDir, json_safe
 from .state import FitResult
@@ -143,14 +143,8 @@ class Experiment:
     # ------------------------------------------------------------------ the run
 
     def make_engine(self) -> Engine:
-        return Engine.for_config(
-            self.cfg,
-            self.progress,
-            only_trainable=self.only_trainable,
-            select=self.select,
-            curve=self.curve,
-            unused_parameters=self.unused_parameters,
-        )
+        rules = FitRules(self.only_trainable, self.select, self.curve, self.unused_parameters)
+        return Engine(self.cfg, self.progress, rules)
 
     def run(self) -> dict[str, Any]:
         """Train, then report on the best weights; returns the results (also in

@@ -41,6 +41,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,14 @@ from .checkpoint import (
     set_rng_state,
     weights_metadata,
 )
-from .config import RESUMABLE_CHANGES, OptimConfig, TrainConfig, config_to_dict, default_config
+from .config import RunConfig, config_to_dict, default_config
 from .metrics import MetricsLog
 from .optim import build_optimizer, check_optim, describe_groups, param_groups
 from .rundir import RunDir
 from .sampler import StepBatchSampler
 from .state import Fit, FitResult, TrainState, Window
 
-__all__ = ["Engine", "NonFiniteLossError", "best_record", "stop_requested"]
+__all__ = ["Engine", "FitRules", "NonFiniteLossError", "best_record", "stop_requested"]
 
 
 class NonFiniteLossError(RunError, RuntimeError):
@@ -151,53 +152,49 @@ def _release_precision(mixed: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
+@dataclass(frozen=True)
+class FitRules:
+    """How an experiment's fit is kept and judged (its class attributes): ``only_trainable``
+    checkpoints just the parameters that require grad (a frozen base LM is not copied);
+    ``select`` is the evaluation metric that picks the best weights (higher is better) and
+    ``curve`` the one written to ``metrics.csv``'s acc column; ``unused_parameters`` lets a
+    distributed step leave parameters without a gradient."""
+
+    only_trainable: bool = False
+    select: str = "acc"
+    curve: str = "acc"
+    unused_parameters: bool = False
+
+
 class Engine:
-    """One training run in ``run_dir``. Create it first (it sets up ``accelerate``, checks the
-    run directory and seeds every RNG), then build data and model, then call :meth:`fit`.
+    """One training run of a :class:`~structattn.engine.config.RunConfig`: its folder, engine
+    sections, seed and resume flag. Create it first (it sets up ``accelerate``, checks the run
+    directory and seeds every RNG), then build data and model, then call :meth:`fit`.
 
-    ``config`` is the run's plain config dict: written to ``config.yaml`` and compared on
-    ``resume`` (keys outside ``resumable`` may not change). ``only_trainable`` checkpoints just
-    the parameters that require grad (a frozen base LM is not copied). ``select`` is the
-    evaluation metric that picks the best weights (higher is better)."""
+    The config, as a plain dict, is written to ``config.yaml`` and compared on ``resume``
+    (keys outside the config class's ``resumable`` may not change)."""
 
-    def __init__(
-        self,
-        *,
-        run_dir: Path | RunDir,
-        optim: OptimConfig,
-        train: TrainConfig,
-        seed: int,
-        config: dict[str, Any],
-        resume: bool = False,
-        name: str = "train",
-        progress: bool = True,
-        only_trainable: bool = False,
-        select: str = "acc",
-        curve: str = "acc",
-        resumable: frozenset[str] = RESUMABLE_CHANGES,
-        overwrite: bool = False,
-        defaults: dict[str, Any] | None = None,
-        unused_parameters: bool = False,
-    ):
+    def __init__(self, cfg: RunConfig, progress: bool = True, rules: FitRules = FitRules()):
         from accelerate import Accelerator, DistributedDataParallelKwargs
         from accelerate.utils import set_seed
 
-        check_optim(optim)  # before anything is written
-        self.dir = RunDir(run_dir)
+        check_optim(cfg.optim)  # before anything is written
+        self.dir = RunDir(cfg.resolved_run_dir())
         self.run_dir = self.dir.path
-        self.optim, self.train, self.seed = optim, train, seed
-        self.config, self.name, self.progress = config, name, progress
-        self.only_trainable, self.select = only_trainable, select
-        self.curve = curve  # the validation metric written to metrics.csv's acc column
-        self.resume = resume
+        self.optim, self.train, self.seed = cfg.optim, cfg.train, cfg.seed
+        self.config, self.name, self.progress = config_to_dict(cfg), cfg.name, progress
+        self.only_trainable, self.select = rules.only_trainable, rules.select
+        self.curve = rules.curve  # the validation metric written to metrics.csv's acc column
+        self.resume = resume = cfg.resume
         self.current: Fit | None = None  # what the fit in progress holds (set by fit)
         # torchrun on machines without CUDA: accelerate needs cpu=True to form a gloo group.
         multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-        mixed = "bf16" if train.bf16 else "no"
+        mixed = "bf16" if cfg.train.bf16 else "no"
         _release_precision(mixed)
-        ddp = DistributedDataParallelKwargs(find_unused_parameters=unused_parameters)
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=rules.unused_parameters)
         self.accelerator = Accelerator(mixed_precision=mixed, cpu=multi_cpu, kwargs_handlers=[ddp])
         self.is_main = self.accelerator.is_main_process
+        overwrite = getattr(cfg, "overwrite", False)
         if overwrite and resume:
             raise RunError("--overwrite starts the run afresh: it cannot be combined with --resume")
         if self.is_main:
@@ -207,30 +204,12 @@ class Engine:
         self.accelerator.wait_for_everyone()
         self.dir.check_start(resume)
         if resume:
-            self.dir.check_resume_config(config, resumable, defaults)
+            self.dir.check_resume_config(self.config, type(cfg).resumable,
+                                         default_config(type(cfg)))  # fmt: skip
         if self.is_main:
             self.dir.clean()
         self.accelerator.wait_for_everyone()
-        set_seed(seed)
-
-    @classmethod
-    def for_config(cls, cfg: Any, progress: bool = True, **kwargs: Any) -> Engine:
-        """The engine of a :class:`~structattn.engine.config.RunConfig` (its folder, sections,
-        seed, resume flag and resumable keys; written to ``config.yaml`` as a plain dict)."""
-        kwargs.setdefault("resumable", type(cfg).resumable)
-        kwargs.setdefault("overwrite", getattr(cfg, "overwrite", False))
-        kwargs.setdefault("defaults", default_config(type(cfg)))
-        return cls(
-            run_dir=cfg.resolved_run_dir(),
-            optim=cfg.optim,
-            train=cfg.train,
-            seed=cfg.seed,
-            config=config_to_dict(cfg),
-            resume=cfg.resume,
-            name=cfg.name,
-            progress=progress,
-            **kwargs,
-        )
+        set_seed(cfg.seed)
 
     @property
     def device(self) -> torch.device:
