@@ -163,6 +163,14 @@ def test_question_prompts_go_through_the_chat_template_and_point_at_each_nodes_l
     paper = GLFusionConfig(variant="paper", graph_start_id=90, node_id=91, graph_end_id=92)
     prompt, spans = question_prompt(tok, paper, texts, "what is it ?", 3)
     assert spans is None and prompt.count(91) == 3 and prompt[len(before)] == 90
+    # a run trained in the chat template is asked inside its training instruction
+    from structattn.experiments.glfusion.prompts import GATED_INSTRUCTION
+
+    asked, spans = question_prompt(tok, GLFusionConfig(), texts, "what is it ?", 3,
+                                   trained_chat=True)  # fmt: skip
+    head = before + ids(GATED_INSTRUCTION)
+    assert asked[: len(head)] == head and asked[-len(after) :] == after
+    assert all(asked[a:b] == ids(t)[:3] for t, (a, b) in zip(texts, spans))
 
 
 def test_an_empty_continuation_is_named_not_printed_as_a_blank_line(monkeypatch, capsys):

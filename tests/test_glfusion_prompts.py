@@ -103,3 +103,43 @@ def test_collated_batch_runs_through_the_model(tmp_path):
         label_token_ids(graph, tokenizer),
     )
     assert pred["ensemble"].shape == (2, 26)
+
+
+def test_chat_framing_puts_the_prompt_in_the_users_turn_and_ends_the_answer(tmp_path):
+    """``chat``: the prompt is the user's turn of the chat template, the cue the assistant's
+    opening, and the label the answer closed by the end-of-turn token, which is a target (so a
+    trained run stops after answering); label scoring reads the same answer. A tokenizer with
+    no end token cannot close an answer: one clear error."""
+    import pytest
+
+    from structattn.errors import ConfigError
+    from structattn.experiments.glfusion.prompts import chat_parts, framing
+
+    graph, tokenizer, _ = _setup(tmp_path)
+    gated = GLFusionConfig(text_dim=6, num_node_classes=26)
+    with pytest.raises(ConfigError, match="no end-of-text or end-of-turn token"):
+        build_example(graph, 4, tokenizer, gated, max_nodes=3, chat=True)
+    tokenizer.eos_token = "[SEP]"
+    end = tokenizer.convert_tokens_to_ids("[SEP]")
+    ids = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    plain = build_example(graph, 4, tokenizer, gated, max_nodes=3)
+    no_template = build_example(graph, 4, tokenizer, gated, max_nodes=3, chat=True)
+    assert no_template.prompt_ids == plain.prompt_ids  # no template: the plain prompt
+    assert no_template.label_ids == plain.label_ids + [end]
+    tokenizer.chat_template = (
+        "{% for m in messages %}[CLS] {{ m['content'] }} [SEP]{% endfor %}"
+        "{% if add_generation_prompt %} answer :{% endif %}"
+    )
+    before, after = chat_parts(tokenizer)
+    ex = build_example(graph, 4, tokenizer, gated, max_nodes=3, chat=True)
+    assert ex.prompt_ids[: len(before)] == before and ex.prompt_ids[-len(after) :] == after
+    name = graph.label_names[ex.label]
+    assert ex.label_ids == ids(name) + [end]
+    for (a, b), text in zip(ex.spans, ex.texts):  # the node lines moved by the template's opening
+        assert ex.prompt_ids[a:b] == ids(text)[: b - a]
+    batch = collate_examples([ex], _encode)
+    targets = batch["labels"][0][batch["labels"][0] != -100].tolist()
+    assert targets == ex.label_ids and targets[-1] == end
+    choices = label_token_ids(graph, tokenizer, chat=True)
+    assert choices[ex.label] == ex.label_ids
+    assert framing(tokenizer)[2](name) == ids(" " + name)  # plain: " <name>", no end

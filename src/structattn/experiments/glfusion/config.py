@@ -117,6 +117,9 @@ class GLFusionTrainConfig(RunConfig):
     max_prompt_tokens: int = 512  # the gated form: the prompt at most (nodes past it are cut)
     target_marker: bool = False  # a learned vector on the target node's token
     lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
+    # the prompt as a user turn of the LLM's chat template, the label as the assistant's answer
+    # closed by its end-of-turn token (a target too): asked about a node, a run answers and stops
+    chat: bool = False
     gate_lr: float | None = None  # learning rate of the tanh gates (None: optim.lr)
     module_lr: float | None = None  # GL-Fusion modules: node projection, MP, cross-attention
     head_lr: float | None = None  # the GNN head

@@ -12,6 +12,8 @@ import torch
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
 from structattn.experiments.glfusion.prompts import (
+    GATED_INSTRUCTION,
+    INSTRUCTION,
     build_example,
     chat_parts,
     collate_examples,
@@ -54,8 +56,9 @@ def generate_about_node(
                        max_nodes=cfg.max_nodes, seed=cfg.seed,
                        show_neighbour_labels=cfg.show_neighbour_labels,
                        edge_texts=cfg.edge_texts, node_text_tokens=cfg.node_text_tokens,
-                       max_prompt_tokens=cfg.max_prompt_tokens)  # fmt: skip
-    ids, spans = question_prompt(tok, model.config, ex.texts, prompt, cfg.node_text_tokens)
+                       max_prompt_tokens=cfg.max_prompt_tokens, chat=cfg.chat)  # fmt: skip
+    ids, spans = question_prompt(tok, model.config, ex.texts, prompt, cfg.node_text_tokens,
+                                 trained_chat=cfg.chat)  # fmt: skip
     ex.spans = spans
     batch = collate_examples([ex], run.cache.get, with_labels=False)
     with torch.no_grad():
@@ -76,16 +79,20 @@ def generate_about_node(
 NODES_INTRO = "A graph's nodes, one per line; the first is the node asked about:\n"
 
 
-def question_prompt(tok, config, texts: list[str], question: str, node_text_tokens: int):
+def question_prompt(tok, config, texts: list[str], question: str, node_text_tokens: int,
+                    trained_chat: bool = False):  # fmt: skip
     """The token ids of a free-text ``question`` about the first of ``texts`` (a subgraph's
     node texts) inside the chat template, and the gated form's node spans in them (``None``
-    for the paper's form, whose graph is node tokens)."""
+    for the paper's form, whose graph is node tokens). A run trained in the chat template
+    (``trained_chat``) is asked inside its training instruction, the question after the graph;
+    others after a neutral line introducing the nodes."""
     before, after = chat_parts(tok)
     ask = tok("\n" + question.strip(), add_special_tokens=False)["input_ids"]
+    tokens = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     if config.variant != "gated":
         graph = [config.graph_start_id, *[config.node_id] * len(texts), config.graph_end_id]
-        return before + graph + ask + after, None
-    tokens = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
-    head = before + tokens(NODES_INTRO)
+        head = before + (tokens(INSTRUCTION) if trained_chat else [])
+        return head + graph + ask + after, None
+    head = before + tokens(GATED_INSTRUCTION if trained_chat else NODES_INTRO)
     body, spans = node_lines(texts, tokens, 10**9, node_text_tokens, tokens("\n"))
     return head + body + ask + after, [(a + len(head), b + len(head)) for a, b in spans]

@@ -200,7 +200,7 @@ def predict_nodes(
         raise ConfigError(f"top_k must be >= 1, got {top_k}")
     weight = _ensemble_weight(Path(run_dir), cfg)
     examples = prompt_examples(graph, node_ids, tokenizer, model.config, cfg)
-    label_ids = label_token_ids(graph, tokenizer)
+    label_ids = label_token_ids(graph, tokenizer, cfg.chat)
     probs = head_probabilities(model, examples, run.cache.get, label_ids, batch_size)
     out = []
     for i, v in enumerate(node_ids):

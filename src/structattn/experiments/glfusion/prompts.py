@@ -12,7 +12,10 @@ the paper's form's the node tokens::
 
     <instruction> <graph_start><node>...<node><graph_end> Answer:<space><label name>
 
-with the LM's tokenizer; only the label tokens are LM targets. :func:`collate_examples` pads a
+with the LM's tokenizer; only the label tokens are LM targets. With ``chat`` (:func:`framing`)
+the prompt is the user's turn of the tokenizer's chat template and the label the assistant's
+answer, closed by the end-of-turn token, which is a target too: a trained run answers a
+question about a node with its label and stops. :func:`collate_examples` pads a
 list of examples into model inputs: ``input_ids``, ``attention_mask``, ``labels``,
 ``node_labels`` (the target's class, -100 elsewhere) and a :class:`GraphBatch` whose node texts
 come from an encoder (see :class:`structattn.glfusion.loading.EncodingCache`).
@@ -27,6 +30,8 @@ import torch
 from torch import Tensor
 
 from structattn.data.graphs import TextAttributedGraph, sample_subgraph
+from structattn.errors import ConfigError
+from structattn.glfusion.build import stop_token_ids
 from structattn.glfusion.configuration import GLFusionConfig
 from structattn.glfusion.graph import GraphBatch
 
@@ -36,6 +41,7 @@ __all__ = [
     "chat_parts",
     "collate_examples",
     "fitted_lines",
+    "framing",
     "label_token_ids",
     "mean_pool",
     "node_lines",
@@ -53,8 +59,8 @@ class NodeExample:
     nodes: Tensor  # (n,) global node ids, target first
     edge_index: Tensor  # (2, E) local indices
     texts: list[str]  # the text shown for each node (labels of train neighbours, never target)
-    prompt_ids: list[int]  # instruction, graph tokens, " Answer:"
-    label_ids: list[int]  # tokens of " <label name>"
+    prompt_ids: list[int]  # instruction, graph tokens, " Answer:" (or the chat template's turns)
+    label_ids: list[int]  # tokens of " <label name>" (chat: the name and the end of the turn)
     label: int  # class of the target
     edge_texts: list[str] | None = None  # one per local edge, when edges carry text
     spans: list[tuple[int, int]] | None = None  # the gated form: each node's line in the prompt
@@ -83,11 +89,13 @@ def build_example(
     edge_texts: bool = False,
     node_text_tokens: int = 32,
     max_prompt_tokens: int = 512,
+    chat: bool = False,
 ) -> NodeExample:
     """One example around ``target``; ``train_nodes`` (default: the graph's train split) are the
     neighbours allowed to show their label; ``edge_texts``: each edge's text
     (:meth:`TextAttributedGraph.edge_text`) rides along, for edge features. The gated form's
-    lines hold at most ``node_text_tokens`` tokens each and the prompt ``max_prompt_tokens``."""
+    lines hold at most ``node_text_tokens`` tokens each and the prompt ``max_prompt_tokens``;
+    ``chat``: the prompt and answer as :func:`framing` frames them."""
     nodes, edges = sample_subgraph(graph, target, num_hops, max_nodes, seed)
     if train_nodes is None:
         train_nodes = set(graph.splits["train"].tolist())
@@ -99,11 +107,11 @@ def build_example(
     ]
     tok = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     label = int(graph.labels[target])
-    label_ids = tok(" " + graph.label_names[label])
-    tail = tok(ANSWER)
+    before, tail, answer = framing(tokenizer, chat)
+    label_ids = answer(graph.label_names[label])
     spans = None
     if config.variant == "gated":
-        head = tok(GATED_INSTRUCTION)
+        head = before + tok(GATED_INSTRUCTION)
         budget = max_prompt_tokens - len(head) - len(tail)
         where = f"node {target}: max_prompt_tokens={max_prompt_tokens}"
         body, spans = fitted_lines(texts, tok, budget, node_text_tokens, tok("\n"), len(head),
@@ -113,7 +121,7 @@ def build_example(
         prompt = head + body + tail
     else:
         graph_tokens = [config.graph_start_id, *[config.node_id] * len(nodes), config.graph_end_id]
-        prompt = tok(INSTRUCTION) + graph_tokens + tail
+        prompt = before + tok(INSTRUCTION) + graph_tokens + tail
     etexts = None
     if edge_texts:
         etexts = [graph.edge_text(nodes[a], nodes[b]) for a, b in edges.t().tolist()]
@@ -169,11 +177,29 @@ def mean_pool(encodings: Tensor, mask: Tensor) -> Tensor:
     return (encodings.float() * m).sum(1) / m.sum(1).clamp_min(1)
 
 
-def label_token_ids(graph: TextAttributedGraph, tokenizer) -> list[list[int]]:
-    """Token ids of every label name as it follows " Answer:" (for label scoring)."""
-    return [
-        tokenizer(" " + name, add_special_tokens=False)["input_ids"] for name in graph.label_names
-    ]
+def label_token_ids(graph: TextAttributedGraph, tokenizer, chat: bool = False) -> list[list[int]]:
+    """Token ids of every label name as it follows the prompt (for label scoring); ``chat``: as
+    :func:`framing` frames an answer."""
+    answer = framing(tokenizer, chat)[2]
+    return [answer(name) for name in graph.label_names]
+
+
+def framing(tokenizer, chat: bool = False):
+    """``(before, cue, answer)``: the ids before the instruction, the ids between the prompt and
+    the label, and ``answer(name)``, a label's ids. Plain: no ids before, the cue " Answer:",
+    the answer " <name>". ``chat``: the chat template's opening of the user's turn, its close
+    and the assistant's opening as the cue (" Answer:" for a tokenizer without a template), the
+    answer the name closed by the end-of-turn (else end-of-text) token."""
+    tok = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    if not chat:
+        return [], tok(ANSWER), lambda name: tok(" " + name)
+    stops = stop_token_ids(tokenizer)
+    if not stops:
+        raise ConfigError("chat: the tokenizer has no end-of-text or end-of-turn token to close "
+                          "an answer with")  # fmt: skip
+    before, after = chat_parts(tokenizer)
+    space = "" if after else " "  # after the assistant's opening the answer starts the line
+    return before, after or tok(ANSWER), lambda name: tok(space + name) + [stops[-1]]
 
 
 def collate_examples(

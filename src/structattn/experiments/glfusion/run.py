@@ -166,7 +166,7 @@ class NodeClassification(Experiment):
         # that changed can never be paired with a stale encoding.
         self.cache: EncodingCache = encoding_cache(cfg, enc_model, enc_tok)
         self.cache.get(texts, progress=self.progress)  # encode everything missing, once
-        self.label_choices = label_token_ids(self.graph, tokenizer)  # ids after " Answer:"
+        self.label_choices = label_token_ids(self.graph, tokenizer, cfg.chat)  # after the cue
         self.train_set = self.examples["train"]
 
     def data_identity(self) -> dict[str, Any]:

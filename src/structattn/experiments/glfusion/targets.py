@@ -94,6 +94,7 @@ def prompt_examples(
             edge_texts=cfg.edge_texts,
             node_text_tokens=cfg.node_text_tokens,
             max_prompt_tokens=cfg.max_prompt_tokens,
+            chat=cfg.chat,
         )
         for v in nodes
     ]
