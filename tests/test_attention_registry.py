@@ -89,3 +89,22 @@ def test_params_counts_every_registered_attention(window_registered, tmp_path):
 def test_an_unknown_attention_names_the_registered_ones():
     with pytest.raises(ValueError, match="hkt, mha.*'windw'"):
         ModelConfig(attention="windw")
+
+
+def test_reproduce_trains_a_registered_attention_by_name(window_registered, lra_data_dir,
+                                                         tmp_path, capsys):  # fmt: skip
+    """``reproduce --variants window`` needs no line of its own: a registered attention is the
+    MHA experiment with ``model.attention`` set to it, a row of the table beside MHA."""
+    out = tmp_path / "out"
+    main([
+        "reproduce", "--preset", "quick", "--tasks", "listops", "--seeds", "0", "--no-progress",
+        "--variants", "mha", "window", "--out-dir", str(out), "--data-dir", str(lra_data_dir),
+        "--set", "train.max_steps=2", "train.eval_every=2", "train.batch_size=4",
+        "data.seq_len=32", "data.listops_min_length=4", "data.listops_sizes=[40,8,8]",
+        "model.d_model=16", "model.n_layers=1",
+    ])  # fmt: skip
+    assert "window attention (registered)" in capsys.readouterr().out
+    saved = (out / "quick" / "listops-window" / "seed0" / "config.yaml").read_text()
+    assert "attention: window" in saved
+    with pytest.raises(SystemExit, match="unknown variant 'windw'.*'window'"):
+        main(["reproduce", "--variants", "windw", "--out-dir", str(out)])

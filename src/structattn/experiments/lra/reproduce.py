@@ -48,7 +48,7 @@ from .config import LRAConfig, load_lra
 from .diagnose import diagnose
 from .experiment import build_model, train
 
-__all__ = ["PAPER_RESULTS", "VARIANTS", "reproduce", "results_table"]
+__all__ = ["PAPER_RESULTS", "VARIANTS", "reproduce", "results_table", "variant_spec"]
 
 #: The paper's test accuracies (%, mean +- std over 3 seeds) and sequence lengths.
 PAPER_RESULTS = {
@@ -88,6 +88,24 @@ def _wide_width(cfg, data, target: int) -> int:
     return best
 
 
+def variant_spec(name: str) -> tuple[str, Any, str]:
+    """``(experiment model, model overrides, what it is)`` of a variant: one of
+    :data:`VARIANTS`, or any other attention registered in :data:`structattn.hkt.model.ATTENTIONS`
+    (the MHA experiment with ``model.attention`` set to it, trained at MHA's rate)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    if name in known_variants():
+        return ("mha", {"attention": name}, f"{name} attention (registered)")
+    raise ConfigError(f"unknown variant {name!r}; choose from {known_variants()}")
+
+
+def known_variants() -> list[str]:
+    """:data:`VARIANTS`, then every other registered attention, in the order tables use."""
+    from structattn.hkt.model import ATTENTIONS
+
+    return [*VARIANTS, *(a for a in ATTENTIONS if a not in VARIANTS)]
+
+
 def _with_model(cfg, **changes):
     import dataclasses
 
@@ -97,7 +115,7 @@ def _with_model(cfg, **changes):
 def _variant_overrides(variant: str, overrides, data_dir, lr) -> dict[str, Any]:
     """The overrides of one variant's runs: the caller's, the data folder, the tuned rate and
     the variant's model changes."""
-    change = VARIANTS[variant][1]
+    change = variant_spec(variant)[1]
     extra = dict(overrides or {})
     if data_dir is not None:
         extra["data"] = {**extra.get("data", {}), "data_dir": str(data_dir)}
@@ -118,10 +136,10 @@ class _Jobs:
 
     def config(self, task, variant, seed, run_dir, lr=None, resume=False):
         extra = _variant_overrides(variant, self.overrides, self.data_dir, lr)
-        cfg = load_lra(f"{task}-{VARIANTS[variant][0]}", self.preset, seed=seed,
+        cfg = load_lra(f"{task}-{variant_spec(variant)[0]}", self.preset, seed=seed,
                        run_dir=str(run_dir), resume=resume, **extra)  # fmt: skip
         data = self.task_data(cfg)
-        if VARIANTS[variant][1] == "wide":  # HKT's parameter count, from the HKT twin
+        if variant_spec(variant)[1] == "wide":  # HKT's parameter count, from the HKT twin
             twin_overrides = {k: v for k, v in extra.items() if k != "optim"}
             twin = load_lra(f"{task}-hkt", self.preset, **twin_overrides)
             target = sum(p.numel() for p in build_model(twin, data).parameters())
@@ -151,9 +169,8 @@ def _check_args(tasks, seeds, variants, lr_sweep) -> None:
         raise ConfigError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
     if not seeds:
         raise ConfigError("seeds must name at least one seed")
-    bad = sorted(set(variants) - set(VARIANTS))
-    if bad:
-        raise ConfigError(f"unknown variant(s) {bad}; choose from {list(VARIANTS)}")
+    for name in variants:
+        variant_spec(name)  # an unknown name is one error listing the known ones
     check_rates(lr_sweep)
 
 
@@ -161,7 +178,7 @@ def _tune(jobs: _Jobs, root: Path, tasks, variants, lr_sweep):
     """The learning rate of HKT and of MHA per task, chosen on validation (one seed)."""
     tuned, sweeps = {}, {}
     for task in tasks:
-        for model in [m for m in MODELS if any(VARIANTS[v][0] == m for v in variants)]:
+        for model in [m for m in MODELS if any(variant_spec(v)[0] == m for v in variants)]:
 
             def make(lr, task=task, model=model):
                 label = f"[sweep] {task} {model} lr {lr:g} (seed {SWEEP_SEED})"
@@ -199,8 +216,8 @@ def _other_runs(jobs: _Jobs, root: Path, tuned, asked) -> list[SweepRun]:
     runs = []
     for name, seed in finished_folders(root):
         task, _, variant = name.partition("-")
-        if task in TASKS and variant in VARIANTS and (task, variant, seed) not in asked:
-            lr = tuned.get((task, VARIANTS[variant][0]))
+        if task in TASKS and variant in known_variants() and (task, variant, seed) not in asked:
+            lr = tuned.get((task, variant_spec(variant)[0]))
             runs.append(jobs.run((task, variant, seed), task, variant, seed,
                                  root / name / f"seed{seed}", name, lr))  # fmt: skip
     return runs
@@ -211,7 +228,7 @@ def _table_axes(finals, tasks, variants, seeds) -> tuple[list[str], list[str], l
     read back, in the shipped order."""
     keys = set(finals)
     tasks = [t for t in TASKS if t in tasks or any(k[0] == t for k in keys)]
-    variants = [v for v in VARIANTS if v in variants or any(k[1] == v for k in keys)]
+    variants = [v for v in known_variants() if v in variants or any(k[1] == v for k in keys)]
     return tasks, variants, sorted(set(seeds) | {k[2] for k in keys})
 
 
@@ -236,7 +253,7 @@ def reproduce(
     grid = [(t, v, s) for t in tasks for v in variants for s in seeds]
     runs = [
         jobs.run((t, v, s), t, v, s, root / f"{t}-{v}" / f"seed{s}",
-                 f"[{i}/{len(grid)}] {t} {v} seed {s}", tuned.get((t, VARIANTS[v][0])))
+                 f"[{i}/{len(grid)}] {t} {v} seed {s}", tuned.get((t, variant_spec(v)[0])))
         for i, (t, v, s) in enumerate(grid, 1)
     ]  # fmt: skip
     done = run_sweep(runs, root=root)
@@ -276,7 +293,7 @@ def summarise(
             accs = [100 * r["test_acc"] for r in runs if r.get("test_acc") is not None]
             mean, std = mean_std(accs)
             row[model] = {
-                "name": VARIANTS[model][2],
+                "name": variant_spec(model)[2],
                 "seeds": [s for s in seeds if (task, model, s) in finals],
                 "test_acc": accs,
                 "mean": mean,
