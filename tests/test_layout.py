@@ -227,17 +227,24 @@ def _tiny_glfusion(tmp_path):
     return run
 
 
+def _check_path(run, model_package: str, max_files: int, max_returns: int) -> list[str]:
+    """Follow ``run`` from its data preparation to its model: at most ``max_files`` modules
+    outside ``model_package`` (whose own modules build the model), ``max_returns`` returns and
+    no climb. Returns those modules."""
+    entered, returns, climbs = _follow(_calls(lambda: (run.build_data(), run.build_model())))
+    data = [m for m in entered if not m.startswith(model_package + ".")]
+    assert len(data) <= max_files, data
+    assert len(returns) <= max_returns, returns
+    assert not climbs, climbs
+    return data
+
+
 def test_glfusion_data_path_is_short_and_never_climbs(tmp_path):
     """From a node-classification run's data preparation (graph, targets, prompts, encodings) to
     its model: the data modules entered stay few, the path seldom goes back to a file it left
-    and never calls up a layer; the model package's own modules build the model."""
-    run = _tiny_glfusion(tmp_path)
-    entered, returns, climbs = _follow(_calls(lambda: (run.build_data(), run.build_model())))
-    data = [m for m in entered if not m.startswith("glfusion.")]
+    and never calls up a layer."""
+    data = _check_path(_tiny_glfusion(tmp_path), "glfusion", max_files=12, max_returns=4)
     assert "data.graphs.sampling" in data and "experiments.glfusion.prompts" in data
-    assert len(data) <= 12, data
-    assert len(returns) <= 4, returns
-    assert not climbs, climbs
 
 
 def test_hkt_data_path_is_short_and_never_climbs(lra_data_dir, tmp_path):
@@ -247,9 +254,4 @@ def test_hkt_data_path_is_short_and_never_climbs(lra_data_dir, tmp_path):
     from structattn.experiments.lra.experiment import SequenceClassification
 
     run = SequenceClassification(tiny_listops(lra_data_dir, tmp_path / "run"), progress=False)
-    entered, returns, climbs = _follow(_calls(lambda: (run.build_data(), run.build_model())))
-    data = [m for m in entered if not m.startswith("hkt.")]
-    assert "data.listops" in data and "hkt.model" in entered
-    assert len(data) <= 8, data
-    assert len(returns) <= 2, returns
-    assert not climbs, climbs
+    assert "data.listops" in _check_path(run, "hkt", max_files=8, max_returns=2)
