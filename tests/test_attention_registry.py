@@ -106,5 +106,5 @@ def test_reproduce_trains_a_registered_attention_by_name(window_registered, lra_
     assert "window attention (registered)" in capsys.readouterr().out
     saved = (out / "quick" / "listops-window" / "seed0" / "config.yaml").read_text()
     assert "attention: window" in saved
-    with pytest.raises(SystemExit, match="unknown variant 'windw'.*'window'"):
+    with pytest.raises(SystemExit, match=r"unknown variant\(s\) \['windw'\].*'window'"):
         main(["reproduce", "--variants", "windw", "--out-dir", str(out)])

@@ -578,3 +578,56 @@ def test_resuming_with_another_python_graph_is_refused_and_keeps_the_saved_one(t
         train_glfusion(resumed, progress=False, llm=llm, encoder=encoder, graph=other)
     saved = TextAttributedGraph.load(tmp_path / "run" / "graph")
     assert saved.node_texts == g.node_texts  # the graph the checkpoints were trained on
+
+
+def test_a_chat_run_is_scored_predicted_and_asked_in_its_chat_frame(tmp_path, monkeypatch):
+    """``chat``: training, evaluation, ``predict`` and ``generate`` all frame the prompt in the
+    chat template, the answer closed by the end-of-turn token: predict scores the saved run's
+    test targets as its evaluation did, and generate asks inside the training instruction."""
+    import pytest
+
+    from structattn.experiments.glfusion import (
+        generate_about_node,
+        load_graph,
+        predict_nodes,
+        sample_targets,
+    )
+    from structattn.experiments.glfusion.prompts import GATED_INSTRUCTION, chat_parts
+    from structattn.glfusion import GLFusionForCausalLM
+
+    write_wordnet(tmp_path / "data" / "wordnet" / "data.noun")
+
+    def models():
+        (llm, tok), encoder = tiny_glfusion_models(tmp_path)
+        tok.eos_token = "[SEP]"
+        tok.chat_template = (
+            "{% for m in messages %}[CLS] {{ m['content'] }} [SEP]{% endfor %}"
+            "{% if add_generation_prompt %} answer :{% endif %}"
+        )
+        return (llm, tok), encoder
+
+    llm, encoder = models()
+    train = {"max_steps": 2, "batch_size": 2, "eval_every": 2}
+    with pytest.raises(ValueError, match="chat: .* lm_loss: tokens"):
+        tiny_cfg(tmp_path, train, chat=True, lm_loss="labels")
+    cfg = tiny_cfg(tmp_path, train, max_train=4, max_val=3, max_test=3, eval_batch_size=3,
+                   baseline_epochs=2, run_dir=tmp_path / "run", chat=True)  # fmt: skip
+    results = train_glfusion(cfg, progress=False, llm=llm, encoder=encoder)
+    test_nodes = sample_targets(load_graph(cfg), "test", 3, cfg.seed)
+    rows = predict_nodes(tmp_path / "run", test_nodes, llm=models()[0], encoder=encoder)
+    hits = sum(r["predicted"] == r["true"] for r in rows) / 3
+    assert abs(hits - results["heads"]["test"]["ensemble"]) < 1e-9
+    asked = []
+    real = GLFusionForCausalLM.generate
+
+    def spy(self, input_ids, *args, **kwargs):
+        asked.append(input_ids[0].tolist())
+        return real(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GLFusionForCausalLM, "generate", spy)
+    (llm, tok), _ = models()
+    generate_about_node(tmp_path / "run", 5, "what is it ?", llm=(llm, tok), encoder=encoder,
+                        max_new_tokens=2)  # fmt: skip
+    before, after = chat_parts(tok)
+    head = before + tok(GATED_INSTRUCTION, add_special_tokens=False)["input_ids"]
+    assert asked[0][: len(head)] == head and asked[0][-len(after) :] == after

@@ -214,7 +214,8 @@ class Reproduce:
     out_dir: Path = Path("results/reproduce")  # runs and results go to <out_dir>/<preset>/
     data_dir: Path | None = None  # data cache (default $STRUCTATTN_DATA_DIR or ~/.cache/...)
     progress: bool = True  # tqdm bars per run
-    variants: tuple[str, ...] = ("hkt", "mha")  # add mha-wide and the ablations (see ablate)
+    # add mha-wide, the ablations (see ablate) or any registered attention by name
+    variants: tuple[str, ...] = ("hkt", "mha")
     lr_sweep: tuple[float, ...] = ()  # tune HKT's and MHA's lr on validation first (one seed)
     threads: int | None = None  # torch threads (default: torch's choice)
     # change preset keys of every run: KEY=VALUE, dotted keys, YAML values (e.g.

@@ -82,8 +82,9 @@ def build_glfusion(
 
 def stop_token_ids(tokenizer) -> list[int]:
     """The tokenizer's end-of-text id and, where its vocabulary has one, the end-of-turn token
-    of chat models (``<|im_end|>``, ``<|eot_id|>``, ``<|end|>``)."""
+    of chat models (``<|im_end|>``, ``<|eot_id|>``, ``<|end|>``, ``<end_of_turn>``), last."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     vocab = tokenizer.get_vocab()
-    ids += [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>") if t in vocab]
+    ids += [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+            if t in vocab]  # fmt: skip
     return list(dict.fromkeys(ids))

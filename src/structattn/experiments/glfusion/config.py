@@ -118,7 +118,8 @@ class GLFusionTrainConfig(RunConfig):
     target_marker: bool = False  # a learned vector on the target node's token
     lm_loss: str = "tokens"  # tokens: CE over the vocabulary | labels: CE over the label names
     # the prompt as a user turn of the LLM's chat template, the label as the assistant's answer
-    # closed by its end-of-turn token (a target too): asked about a node, a run answers and stops
+    # closed by its end-of-turn token (a next-token target: lm_loss tokens), so a run asked about
+    # a node answers and stops
     chat: bool = False
     gate_lr: float | None = None  # learning rate of the tanh gates (None: optim.lr)
     module_lr: float | None = None  # GL-Fusion modules: node projection, MP, cross-attention
@@ -151,6 +152,12 @@ class GLFusionTrainConfig(RunConfig):
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.lm_loss not in ("tokens", "labels"):
             raise ValueError(f"lm_loss must be tokens or labels, got {self.lm_loss!r}")
+        if self.chat and (self.lm_loss == "labels" or self.heads == "gnn"):
+            raise ValueError(
+                "chat: the answer's end-of-turn token is learned as a next token, which needs "
+                f"lm_loss: tokens and a trained LM head (got lm_loss: {self.lm_loss}, heads: "
+                f"{self.heads})"
+            )
         if self.ensemble_weight is not None and not 0.0 <= self.ensemble_weight <= 1.0:
             raise ValueError(f"ensemble_weight must be in [0, 1] or None: {self.ensemble_weight}")
         check_group_rates(self)

@@ -130,10 +130,13 @@ def head_accuracies(probs: dict[str, Tensor], weight: float) -> dict[str, float]
     return {"gnn": hit(probs["gnn"]), "lm": hit(probs["lm"]), "ensemble": hit(mix)}
 
 
-def evaluate_heads(*args, weight: float = 0.5, **kwargs) -> dict[str, float]:
+def evaluate_heads(model: GLFusionForCausalLM, examples, encode, label_ids, batch_size: int,
+                   progress: bool = False, weight: float = 0.5,
+                   stop: Stop | None = None) -> dict[str, float]:  # fmt: skip
     """Accuracy of the GNN head, the LM head (label scoring) and their ensemble with ``weight``;
     the other arguments are :func:`head_probabilities`'s."""
-    return head_accuracies(head_probabilities(*args, **kwargs), weight)
+    probs = head_probabilities(model, examples, encode, label_ids, batch_size, progress, stop)
+    return head_accuracies(probs, weight)
 
 
 @torch.no_grad()

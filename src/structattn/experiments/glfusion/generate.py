@@ -12,6 +12,7 @@ import torch
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
 from structattn.experiments.glfusion.prompts import (
+    ANSWER,
     GATED_INSTRUCTION,
     INSTRUCTION,
     build_example,
@@ -87,6 +88,8 @@ def question_prompt(tok, config, texts: list[str], question: str, node_text_toke
     (``trained_chat``) is asked inside its training instruction, the question after the graph;
     others after a neutral line introducing the nodes."""
     before, after = chat_parts(tok)
+    if trained_chat:  # the cue it answered after in training (" Answer:" without a template)
+        after = after or tok(ANSWER, add_special_tokens=False)["input_ids"]
     ask = tok("\n" + question.strip(), add_special_tokens=False)["input_ids"]
     tokens = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     if config.variant != "gated":

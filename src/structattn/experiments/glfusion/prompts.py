@@ -90,12 +90,14 @@ def build_example(
     node_text_tokens: int = 32,
     max_prompt_tokens: int = 512,
     chat: bool = False,
+    frame: tuple | None = None,
 ) -> NodeExample:
     """One example around ``target``; ``train_nodes`` (default: the graph's train split) are the
     neighbours allowed to show their label; ``edge_texts``: each edge's text
     (:meth:`TextAttributedGraph.edge_text`) rides along, for edge features. The gated form's
     lines hold at most ``node_text_tokens`` tokens each and the prompt ``max_prompt_tokens``;
-    ``chat``: the prompt and answer as :func:`framing` frames them."""
+    ``chat``: the prompt and answer as :func:`framing` frames them (``frame``: its result,
+    computed once for many examples)."""
     nodes, edges = sample_subgraph(graph, target, num_hops, max_nodes, seed)
     if train_nodes is None:
         train_nodes = set(graph.splits["train"].tolist())
@@ -107,7 +109,7 @@ def build_example(
     ]
     tok = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     label = int(graph.labels[target])
-    before, tail, answer = framing(tokenizer, chat)
+    before, tail, answer = frame or framing(tokenizer, chat)
     label_ids = answer(graph.label_names[label])
     spans = None
     if config.variant == "gated":
@@ -209,7 +211,7 @@ def collate_examples(
 ) -> dict:
     """Pad examples into model inputs. ``encode(texts) -> (encodings (n, Lt, dim), masks)``.
     With ``with_labels`` the label tokens follow the prompt and are the only LM targets;
-    without, the prompt ends at " Answer:" (for scoring label names)."""
+    without, the prompt ends at its answer cue (for scoring label names)."""
     seqs, targets = [], []
     for ex in examples:
         ids = ex.prompt_ids + (ex.label_ids if with_labels else [])

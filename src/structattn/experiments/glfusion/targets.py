@@ -6,7 +6,7 @@ import torch
 
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
-from structattn.experiments.glfusion.prompts import NodeExample, build_example
+from structattn.experiments.glfusion.prompts import NodeExample, build_example, framing
 from structattn.glfusion.configuration import GLFusionConfig
 
 from .config import GLFusionTrainConfig
@@ -80,6 +80,7 @@ def prompt_examples(
 ) -> list[NodeExample]:
     """One prompt per node: its sampled subgraph, neighbours' labels shown as ``cfg`` says."""
     train_nodes = set(graph.splits["train"].tolist())
+    frame = framing(tokenizer, cfg.chat)  # once: a chat template is rendered, not per prompt
     return [
         build_example(
             graph,
@@ -94,7 +95,7 @@ def prompt_examples(
             edge_texts=cfg.edge_texts,
             node_text_tokens=cfg.node_text_tokens,
             max_prompt_tokens=cfg.max_prompt_tokens,
-            chat=cfg.chat,
+            frame=frame,
         )
         for v in nodes
     ]

@@ -169,8 +169,9 @@ def _check_args(tasks, seeds, variants, lr_sweep) -> None:
         raise ConfigError(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
     if not seeds:
         raise ConfigError("seeds must name at least one seed")
-    for name in variants:
-        variant_spec(name)  # an unknown name is one error listing the known ones
+    bad = sorted(set(variants) - set(known_variants()))
+    if bad:
+        raise ConfigError(f"unknown variant(s) {bad}; choose from {known_variants()}")
     check_rates(lr_sweep)
 
 
