@@ -111,7 +111,7 @@ def test_the_length_rule_sees_long_functions_and_documented_kernels():
     assert not _documented_kernel(undocumented)
 
 
-#: Packages a user builds models from; the command line is the experiments' business.
+#: Packages a user builds and trains models from; the command line is the experiments' business.
 MODEL_PACKAGES = ("structattn.hkt", "structattn.glfusion", "structattn.data", "structattn.engine")
 
 
