@@ -12,10 +12,10 @@ import torch
 from structattn.data.graphs import TextAttributedGraph
 from structattn.errors import ConfigError
 from structattn.experiments.glfusion.prompts import (
-    ANSWER,
     GATED_INSTRUCTION,
     INSTRUCTION,
     build_example,
+    chat_frame,
     chat_parts,
     collate_examples,
     node_lines,
@@ -87,9 +87,8 @@ def question_prompt(tok, config, texts: list[str], question: str, node_text_toke
     for the paper's form, whose graph is node tokens). A run trained in the chat template
     (``trained_chat``) is asked inside its training instruction, the question after the graph;
     others after a neutral line introducing the nodes."""
-    before, after = chat_parts(tok)
-    if trained_chat:  # the cue it answered after in training (" Answer:" without a template)
-        after = after or tok(ANSWER, add_special_tokens=False)["input_ids"]
+    # a chat run is asked before the cue it answered after in training
+    before, after = chat_frame(tok) if trained_chat else chat_parts(tok)
     ask = tok("\n" + question.strip(), add_special_tokens=False)["input_ids"]
     tokens = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     if config.variant != "gated":

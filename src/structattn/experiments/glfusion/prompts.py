@@ -38,6 +38,7 @@ from structattn.glfusion.graph import GraphBatch
 __all__ = [
     "NodeExample",
     "build_example",
+    "chat_frame",
     "chat_parts",
     "collate_examples",
     "fitted_lines",
@@ -199,9 +200,16 @@ def framing(tokenizer, chat: bool = False):
     if not stops:
         raise ConfigError("chat: the tokenizer has no end-of-text or end-of-turn token to close "
                           "an answer with")  # fmt: skip
+    before, cue = chat_frame(tokenizer)
+    space = " " if cue == tok(ANSWER) else ""  # after the assistant's opening: a new line
+    return before, cue, lambda name: tok(space + name) + [stops[-1]]
+
+
+def chat_frame(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids a chat-framed prompt starts with and ends with: the chat template's opening of the
+    user's turn, and its close with the assistant's opening (" Answer:" without a template)."""
     before, after = chat_parts(tokenizer)
-    space = "" if after else " "  # after the assistant's opening the answer starts the line
-    return before, after or tok(ANSWER), lambda name: tok(space + name) + [stops[-1]]
+    return before, after or tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
 
 
 def collate_examples(

@@ -136,10 +136,11 @@ class _Jobs:
 
     def config(self, task, variant, seed, run_dir, lr=None, resume=False):
         extra = _variant_overrides(variant, self.overrides, self.data_dir, lr)
-        cfg = load_lra(f"{task}-{variant_spec(variant)[0]}", self.preset, seed=seed,
-                       run_dir=str(run_dir), resume=resume, **extra)  # fmt: skip
+        model, change, _ = variant_spec(variant)
+        cfg = load_lra(f"{task}-{model}", self.preset, seed=seed, run_dir=str(run_dir),
+                       resume=resume, **extra)  # fmt: skip
         data = self.task_data(cfg)
-        if variant_spec(variant)[1] == "wide":  # HKT's parameter count, from the HKT twin
+        if change == "wide":  # HKT's parameter count, from the HKT twin
             twin_overrides = {k: v for k, v in extra.items() if k != "optim"}
             twin = load_lra(f"{task}-hkt", self.preset, **twin_overrides)
             target = sum(p.numel() for p in build_model(twin, data).parameters())
@@ -214,10 +215,10 @@ def _diagnostics(root: Path, tasks, seeds, finals) -> dict:
 def _other_runs(jobs: _Jobs, root: Path, tuned, asked) -> list[SweepRun]:
     """The finished runs under ``root`` that this call did not ask for, as sweep runs of the
     configuration this call would give them (the table keeps those that match)."""
-    runs = []
+    runs, known = [], known_variants()
     for name, seed in finished_folders(root):
         task, _, variant = name.partition("-")
-        if task in TASKS and variant in known_variants() and (task, variant, seed) not in asked:
+        if task in TASKS and variant in known and (task, variant, seed) not in asked:
             lr = tuned.get((task, variant_spec(variant)[0]))
             runs.append(jobs.run((task, variant, seed), task, variant, seed,
                                  root / name / f"seed{seed}", name, lr))  # fmt: skip
