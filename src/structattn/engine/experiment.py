@@ -183,7 +183,7 @@ def _with_best_record(fit: FitResult, record: dict[str, Any] | None, engine: Eng
     if record:
         return dataclasses.replace(fit, best=record)
     if record is None:
-        last = fit.history[-1][engine.select] if fit.history else float("nan")
+        last = fit.history[-1][engine.rules.select] if fit.history else float("nan")
         warnings.warn(
             f"{engine.dir.best} does not exist (no evaluation improved on the start): the "
             f"report is of the last step's weights (step {fit.step})",

@@ -183,8 +183,7 @@ class Engine:
         self.run_dir = self.dir.path
         self.optim, self.train, self.seed = cfg.optim, cfg.train, cfg.seed
         self.config, self.name, self.progress = config_to_dict(cfg), cfg.name, progress
-        self.only_trainable, self.select = rules.only_trainable, rules.select
-        self.curve = rules.curve  # the validation metric written to metrics.csv's acc column
+        self.rules = rules
         self.resume = resume = cfg.resume
         self.current: Fit | None = None  # what the fit in progress holds (set by fit)
         # torchrun on machines without CUDA: accelerate needs cpu=True to form a gloo group.
@@ -242,8 +241,8 @@ class Engine:
         weights and the record of them are one file."""
         if self.is_main:
             record = {"step": str(best["step"]), "value": repr(float(best["value"])),
-                      "select": self.select}  # fmt: skip
-            atomic_save_weights(model, self.dir.best, self.only_trainable, metadata=record)
+                      "select": self.rules.select}  # fmt: skip
+            atomic_save_weights(model, self.dir.best, self.rules.only_trainable, metadata=record)
 
     def _check_best(self) -> None:
         """A damaged ``best.safetensors`` is refused when the run resumes, not after it has
@@ -264,7 +263,7 @@ class Engine:
         if not self.dir.best.is_file():
             return None
         try:
-            load_weights(model, self.dir.best, partial=self.only_trainable)
+            load_weights(model, self.dir.best, partial=self.rules.only_trainable)
             meta = weights_metadata(self.dir.best)
         except Exception as err:  # ValueError, OSError, safetensors' own errors
             raise RunError(f"{self.dir.best}: {err}") from None
@@ -285,7 +284,7 @@ class Engine:
         """Train ``model`` on ``train_set`` (indexable; ``collate(items)`` gives the keyword
         arguments of ``model``, labels included) for ``train.max_steps`` steps.
 
-        ``evaluate(model)`` returns validation metrics including ``self.select``; ``groups``
+        ``evaluate(model)`` returns validation metrics including ``rules.select``; ``groups``
         overrides :func:`param_groups`; ``accuracy(output, batch) -> (correct, n)`` adds the
         training accuracy to the log."""
         sampler, log = self._setup(model, train_set, groups, accuracy)
@@ -463,14 +462,14 @@ class Engine:
         if not (state.step % self.train.eval_every == 0 or state.step == self.train.max_steps):
             return False
         metrics = evaluate(self.current.raw)
-        if self.select not in metrics:
-            raise KeyError(f"evaluate() returned no {self.select!r}")
-        value = metrics[self.select]
+        if self.rules.select not in metrics:
+            raise KeyError(f"evaluate() returned no {self.rules.select!r}")
+        value = metrics[self.rules.select]
         # the acc column: the validation accuracy, or the experiment's curve metric (code-names:
         # F1, which has no accuracy), so that every run's curve is in the log
-        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get(self.curve))
+        log.log(state.step, "val", loss=metrics.get("loss"), acc=metrics.get(self.rules.curve))
         history.append({"step": state.step, **metrics})
-        bar.set_postfix({f"val_{self.select}": f"{value:.3f}"})
+        bar.set_postfix({f"val_{self.rules.select}": f"{value:.3f}"})
         if state.improve(value):
             self.save_best(self.current.raw, state.best)
         self._checkpoint()
@@ -507,7 +506,7 @@ class Engine:
             }
             save_checkpoint(self.dir.checkpoints, self.current.state.step, self.current.raw, extra,
                             keep=self.train.keep_checkpoints,
-                            only_trainable=self.only_trainable)  # fmt: skip
+                            only_trainable=self.rules.only_trainable)  # fmt: skip
         self.accelerator.wait_for_everyone()
 
     def _forward_backward(self, train_set, collate, indices) -> tuple[float, int, int]:
@@ -562,7 +561,10 @@ class Engine:
             if self.is_main == turn:
                 try:
                     loaded = load_latest_valid(
-                        self.dir.checkpoints, model, partial=self.only_trainable, quarantine=turn
+                        self.dir.checkpoints,
+                        model,
+                        partial=self.rules.only_trainable,
+                        quarantine=turn,
                     )
                 except ValueError as err:
                     raise RunError(f"--resume: {err}") from None
