@@ -12,6 +12,7 @@ from structattn.data import SequenceDataset, TaskData
 from structattn.data.listops import encode_listops, generate_listops
 from structattn.experiments.lra.baselines import majority, outermost_operator, shallow_baselines
 from structattn.experiments.stats import mean_std, paired_difference
+from structattn.experiments.tables import comparison_row, mean_std_cell
 
 
 def test_paired_difference_matches_a_hand_computed_t_interval():
@@ -34,7 +35,17 @@ def test_an_interval_covering_zero_is_inconclusive():
     with pytest.raises(ValueError, match="equal lengths"):
         paired_difference([1.0], [1.0, 2.0])
     assert mean_std([]) != mean_std([]) or math.isnan(mean_std([])[0])
-    assert mean_std([2.0]) == (2.0, 0.0)
+    assert mean_std([2.0]) == (2.0, None)  # one value: no spread, not a measured 0
+
+
+def test_one_seed_is_printed_without_a_spread_or_an_interval():
+    assert mean_std_cell(*mean_std([95.83])) == "95.83"
+    assert mean_std_cell(*mean_std([1.0, 3.0])) == "2.00 ± 1.41"
+    assert mean_std_cell(*mean_std([])) == "-"
+    one = comparison_row("a − b", paired_difference([0.9], [0.1]), "inconclusive")
+    assert "inf" not in one and "- (one seed: no interval)" in one
+    two = comparison_row("a − b", paired_difference([0.9, 0.8], [0.1, 0.2]), "a better")
+    assert "[" in two and "inf" not in two
 
 
 def _listops_task(n=600, seed=0):

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 __all__ = ["mean_std", "paired_difference"]
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value, NaN for none)."""
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (NaN for none; one value has a mean but no spread, so
+    its standard deviation is None, never a measured 0; None also survives a JSON round trip)."""
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:
         return float("nan"), float("nan")
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def paired_difference(

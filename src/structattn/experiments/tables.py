@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +15,11 @@ COMPARISON_HEADER = [
 ]
 
 
-def mean_std_cell(mean: float, std: float) -> str:
-    return f"{mean:.2f} ± {std:.2f}"
+def mean_std_cell(mean: float | None, std: float | None) -> str:
+    """``mean ± std``; the mean alone where there is no spread (one seed), ``-`` for none."""
+    if mean is None or math.isnan(mean):
+        return "-"
+    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
 
 
 def verdict(d: dict[str, Any], a_better: str, b_better: str) -> str:
@@ -25,7 +29,10 @@ def verdict(d: dict[str, Any], a_better: str, b_better: str) -> str:
 
 def comparison_row(label: str, d: dict[str, Any], words: str) -> str:
     """One row of the paired-comparison table: the mean difference and its 95% interval."""
-    return f"| {label} | {d['mean']:+.2f} | [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}] | {words} |"
+    low, high = d["ci_low"], d["ci_high"]
+    finite = low is not None and high is not None and math.isfinite(low) and math.isfinite(high)
+    interval = f"[{low:+.2f}, {high:+.2f}]" if finite else "- (one seed: no interval)"
+    return f"| {label} | {d['mean']:+.2f} | {interval} | {words} |"
 
 
 def comparison_table(rows: Sequence[tuple[str, dict[str, Any], str]]) -> list[str]:

@@ -174,17 +174,10 @@ def _scored(seed: int, one: dict[str, Any]) -> str:
 
 
 def _interval(d: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """A paired difference and its verdict words; one seed has no interval (JSON keeps its
-    infinite ends as null)."""
+    """A paired difference read back from JSON and its verdict words (one seed has no interval:
+    the row prints none)."""
     words = verdict(d, "GL-Fusion better", "the baseline better")
-    if d.get("n", 0) < 2:
-        inf = float("inf")
-        low, high = d.get("ci_low"), d.get("ci_high")
-        d = {**d, "ci_low": -inf if low is None else low, "ci_high": inf if high is None else high}
-        words += " (one seed: no interval)"
-    if d.get("mean") is None:
-        d = {**d, "mean": float("nan")}
-    return d, words
+    return ({**d, "mean": float("nan")} if d.get("mean") is None else d), words
 
 
 def baselines_table(out: dict[str, Any]) -> str:

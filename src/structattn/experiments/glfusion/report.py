@@ -101,8 +101,6 @@ def _comparison_rows(stats: dict[str, Any]) -> list[str]:
              verdict(diff, "GL-Fusion better", f"{best_key} better"))]  # fmt: skip
     for variant, d in stats["ablation_minus_full"].items():
         word = verdict(d, "the ablation is better", "costs accuracy")
-        if len(d["seeds"]) < 2:
-            word += " (one seed: no interval)"
         rows.append((f"GL-Fusion {variant} − full (ensemble)", d, word))
     return ["", *comparison_table(rows)]
 
