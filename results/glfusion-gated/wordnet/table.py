@@ -17,6 +17,7 @@ import json
 import math
 from pathlib import Path
 
+from structattn.engine.rundir import json_safe
 from structattn.experiments.stats import mean_std, paired_difference
 from structattn.experiments.tables import comparison_table, mean_std_cell, verdict
 
@@ -77,8 +78,7 @@ def main() -> None:
         rows.append((f"{ROWS[a][0]} − {ROWS[b][0]}", d, verdict(d, f"{a} better", f"{b} better")))
     lines += ["", *comparison_table(rows), ""]
     (HERE / "table.md").write_text("\n".join(lines))
-    safe = json.dumps(out, indent=2, default=str).replace("Infinity", "null").replace("NaN", "null")
-    (HERE / "table.json").write_text(safe + "\n")
+    (HERE / "table.json").write_text(json.dumps(json_safe(out), indent=2, allow_nan=False) + "\n")
     print("\n".join(lines))
 
 

@@ -28,11 +28,13 @@ def verdict(d: dict[str, Any], a_better: str, b_better: str) -> str:
 
 
 def comparison_row(label: str, d: dict[str, Any], words: str) -> str:
-    """One row of the paired-comparison table: the mean difference and its 95% interval."""
+    """One row of the paired-comparison table: the mean difference and its 95% interval (a
+    difference read back from JSON may hold null for what one seed or none cannot give)."""
     low, high = d["ci_low"], d["ci_high"]
     finite = low is not None and high is not None and math.isfinite(low) and math.isfinite(high)
     interval = f"[{low:+.2f}, {high:+.2f}]" if finite else "- (one seed: no interval)"
-    return f"| {label} | {d['mean']:+.2f} | {interval} | {words} |"
+    mean = "-" if d["mean"] is None or math.isnan(d["mean"]) else f"{d['mean']:+.2f}"
+    return f"| {label} | {mean} | {interval} | {words} |"
 
 
 def comparison_table(rows: Sequence[tuple[str, dict[str, Any], str]]) -> list[str]:

@@ -173,13 +173,6 @@ def _scored(seed: int, one: dict[str, Any]) -> str:
     return f"seed {seed}: " + ", ".join(parts)
 
 
-def _interval(d: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """A paired difference read back from JSON and its verdict words (one seed has no interval:
-    the row prints none)."""
-    words = verdict(d, "GL-Fusion better", "the baseline better")
-    return ({**d, "mean": float("nan")} if d.get("mean") is None else d), words
-
-
 def baselines_table(out: dict[str, Any]) -> str:
     """Mean ± std of each baseline's test (and validation) accuracy, then the paired
     differences when a finished ablation was given."""
@@ -212,7 +205,8 @@ def baselines_table(out: dict[str, Any]) -> str:
             lines += [f"{out['against']} records no scored nodes for seeds "
                       f"{out['nodes_not_recorded']} (runs from before they were recorded): "
                       "not checked.", ""]  # fmt: skip
-        rows = [(f"GL-Fusion full − {BASELINE_NAMES[k]}", *_interval(d)) for k, d in
-                out["full_minus"].items()]  # fmt: skip
+        rows = [(f"GL-Fusion full − {BASELINE_NAMES[k]}", d,
+                 verdict(d, "GL-Fusion better", "the baseline better"))
+                for k, d in out["full_minus"].items()]  # fmt: skip
         lines += comparison_table(rows)
     return "\n".join(lines)
