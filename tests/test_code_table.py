@@ -125,6 +125,20 @@ def test_lr_sweep_keeps_the_best_validation_rate(setup):
     assert again["lr_sweep"]["gin"] == sweep and again["summary"] == res["summary"]
 
 
+def test_a_call_for_one_row_tables_the_others_at_their_swept_rates(setup):
+    tmp_path, kw = setup
+    first = code_names_table(seeds=(0,), rows=("gin",), lr_sweep=(1e-2, 3e-2), **kw)
+    chosen = first["rates"]["gin"]
+    assert chosen != pytest.approx(1e-3)  # not the config's rate: the sweep decided it
+    # another row, nothing trained: gin's finished run is read back at the rate it was
+    # trained with, not named "another configuration" and dropped
+    other = code_names_table(seeds=(0,), rows=("gcn",), lr_sweep=(1e-2, 3e-2),
+                             train_missing=False, **kw)  # fmt: skip
+    assert other["left_out"] == [] and other["rates"]["gin"] == pytest.approx(chosen)
+    assert other["summary"]["rows"]["gin"] == first["summary"]["rows"]["gin"]
+    assert other["lr_sweep"]["gin"] == first["lr_sweep"]["gin"]
+
+
 def test_table_rejects_bad_requests(setup):
     tmp_path, kw = setup
     with pytest.raises(ConfigError, match="unknown rows"):

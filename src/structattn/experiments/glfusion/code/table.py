@@ -357,6 +357,13 @@ def code_names_table(
         for row in rows for s in seeds
     ]  # fmt: skip
     done = run_sweep(runs, train_missing, root, log=log)
+    # the folder's other rows at the rates their finished sweeps chose (a call for one row
+    # still tables the others, not at their config's default rate)
+    others = [r for r, _ in finished_folders(root) if r in ROWS and _base_model(r) not in tuned]
+    more, more_sweeps = _tune(jobs, root, others, lr_sweep, llm_lr_sweep, log, False)
+    tuned, sweeps = {**more, **tuned}, {**more_sweeps, **sweeps}
+    order = list(dict.fromkeys(_base_model(r) for r in ROWS))
+    sweeps = dict(sorted(sweeps.items(), key=lambda kv: order.index(kv[0])))
     finals, left_out = _with_other_runs(jobs, root, runs, done.finals, tuned)
     if not finals:
         raise RunError(f"no finished run under {root}; train them first")
