@@ -59,13 +59,43 @@ def test_tiny_glfusion_train_and_eval(tmp_path):
     assert [step for step, _ in val] == [3, 6]
     best, best_acc = max(val, key=lambda sv: (sv[1], -sv[0]))  # the first best evaluation
     assert json.loads((run / "final.json").read_text())["best_step"] == best
-    # validation picks the best weights by the GNN head (gnn_accuracy, batch by batch); the
-    # report scores those weights again through head_probabilities: the two paths agree
-    assert results["heads"]["val"]["gnn"] == pytest.approx(best_acc)
+    # validation picks the best weights by what is reported (both heads trained: their
+    # ensemble, its weight chosen on validation); the report scores those weights again
+    assert results["heads"]["val"]["ensemble"] == pytest.approx(best_acc)
     assert (run / "best" / "adapter" / "adapter_model.safetensors").is_file()
     assert any((run / "checkpoints").glob("step-*/model.safetensors"))
     rows = (run / "metrics.csv").read_text().splitlines()
     assert len([r for r in rows if ",train," in r]) == 6
+
+
+def test_validation_scores_what_the_run_reports(tmp_path, monkeypatch):
+    """The checkpoint metric is the reported number: the ensemble when both heads train (not
+    the GNN head alone, which can sit far below it), the LM head or the GNN head alone."""
+    from types import SimpleNamespace
+
+    from structattn.experiments.glfusion import run as run_mod
+
+    probs = {"gnn": torch.tensor([[0.9, 0.1]] * 3),  # always class 0: 1 of 3 right
+             "lm": torch.tensor([[0.2, 0.8], [0.2, 0.8], [0.8, 0.2]]),  # 3 of 3
+             "classes": torch.tensor([1, 1, 0])}  # fmt: skip
+    monkeypatch.setattr(run_mod, "head_probabilities", lambda *a, **k: probs)
+    monkeypatch.setattr(run_mod, "gnn_accuracy", lambda *a, **k: 1 / 3)
+
+    def acc(heads, weight=None):
+        cfg = SimpleNamespace(heads=heads, ensemble_weight=weight, eval_batch_size=3,
+                              train=SimpleNamespace(eval_batches=None))  # fmt: skip
+        task = SimpleNamespace(
+            cfg=cfg,
+            examples={"val": [0, 1, 2]},
+            encode=None,
+            label_choices=None,
+            engine=SimpleNamespace(run_dir=tmp_path),
+        )
+        return run_mod.NodeClassification.validate(task, None)["acc"]
+
+    assert acc("both") == pytest.approx(1.0)  # the weight chosen on validation lets the LM lead
+    assert acc("both", weight=1.0) == pytest.approx(1 / 3)  # a fixed weight is kept
+    assert acc("lm") == pytest.approx(1.0) and acc("gnn") == pytest.approx(1 / 3)
 
 
 def test_glfusion_resume_is_exact(tmp_path):

@@ -143,7 +143,8 @@ def evaluate_heads(model: GLFusionForCausalLM, examples, encode, label_ids, batc
 def gnn_accuracy(
     model: GLFusionForCausalLM, examples, encode, batch_size: int, stop: Stop | None = None
 ) -> float:
-    """Accuracy of the GNN head on ``examples`` (the validation metric during training)."""
+    """Accuracy of the GNN head on ``examples`` (the validation metric of a run that trains
+    the GNN head alone)."""
     model.eval()
     hits = 0
     for batch in _batches(examples, encode, batch_size, _device_of(model), stop=stop):

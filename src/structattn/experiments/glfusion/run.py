@@ -36,7 +36,6 @@ from .config import (
 )
 from .evaluation import (
     choose_ensemble_weight,
-    evaluate_heads,
     gnn_accuracy,
     head_accuracies,
     head_probabilities,
@@ -201,8 +200,10 @@ class NodeClassification(Experiment):
         return out
 
     def validate(self, model: nn.Module) -> dict[str, float]:
-        """Validation accuracy of the head that is trained (the GNN head when both are), on the
-        first ``train.eval_batches`` evaluation batches when that is set.
+        """Validation accuracy of what the run reports: the trained head, or with both heads
+        trained their ensemble (its weight chosen on these nodes, as :meth:`evaluate` does), so
+        the best checkpoint is the best of the reported number; on the first
+        ``train.eval_batches`` evaluation batches when that is set.
 
         A SIGINT or SIGTERM received by the training loop stops the pass between two batches:
         the process exits with ``128 + signal`` without recording this evaluation or a
@@ -211,12 +212,16 @@ class NodeClassification(Experiment):
         if cfg.train.eval_batches is not None:
             val = val[: cfg.train.eval_batches * cfg.eval_batch_size]
         with stop_exits(self.engine.run_dir):
+            if cfg.heads == "gnn":
+                return {"acc": gnn_accuracy(model, val, self.encode, cfg.eval_batch_size,
+                                            stop=stop_signal)}  # fmt: skip
+            probs = head_probabilities(model, val, self.encode, self.label_choices,
+                                       cfg.eval_batch_size, stop=stop_signal)  # fmt: skip
             if cfg.heads == "lm":
-                acc = evaluate_heads(model, val, self.encode, self.label_choices,
-                                     cfg.eval_batch_size, stop=stop_signal)  # fmt: skip
-                return {"acc": acc["lm"]}
-            return {"acc": gnn_accuracy(model, val, self.encode, cfg.eval_batch_size,
-                                        stop=stop_signal)}  # fmt: skip
+                return {"acc": head_accuracies(probs, 0.0)["lm"]}
+            weight = cfg.ensemble_weight
+            weight = choose_ensemble_weight(probs) if weight is None else weight
+            return {"acc": head_accuracies(probs, weight)["ensemble"]}
 
     def evaluate(self, model: GLFusionForCausalLM, progress: bool = False):
         """Val and test accuracy of both heads and the ensemble, and the ensemble's weight."""
