@@ -408,3 +408,49 @@ def test_single_level_fused_paths_equal_sdpa():
         out = hkt_attention(q, k, v, lam, causal=causal, impl="fused_cpp")
         expected = F.scaled_dot_product_attention(q[0], k[0], v, is_causal=causal)
         torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_load(tmp_path, monkeypatch):
+    """torch marks a build with a ``lock`` file and waits for it without limit: one left by a
+    process killed mid-build is cleared (with a warning), while a build that another live
+    process holds is waited for, not broken into."""
+    import signal
+    import time
+
+    import torch.utils.cpp_extension as cpp
+
+    seen = []
+    monkeypatch.setattr(ext, "_build_directory", lambda: tmp_path)
+    monkeypatch.setattr(cpp, "load", lambda **kw: seen.append((tmp_path / "lock").exists()))
+    monkeypatch.setenv("CXX", sys.executable)  # any program on PATH passes the compiler check
+    monkeypatch.delenv("STRUCTATTN_NO_CPP_KERNEL", raising=False)
+
+    (tmp_path / "lock").write_text("")  # left by a killed build
+    with pytest.warns(RuntimeWarning, match="stale build lock"):
+        ext._build()
+    assert seen == [False]
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, pathlib, time\n"
+        f"d = pathlib.Path({str(tmp_path)!r})\n"
+        "fd = os.open(d / 'structattn-build.lock', os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "(d / 'lock').write_text('')\n"
+        "(d / 'ready').write_text('')\n"
+        "time.sleep(1.0)\n"
+        "(d / 'lock').unlink()\n"
+    )])  # fmt: skip
+    try:
+        while not (tmp_path / "ready").exists():
+            assert holder.poll() is None, "the holder process ended early"
+            time.sleep(0.01)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no stale lock is reported: the build was live
+            ext._build()
+        assert seen == [False, False]
+    finally:
+        if holder.poll() is None:
+            holder.send_signal(signal.SIGTERM)
+        holder.wait()

@@ -17,6 +17,7 @@ import os
 import shutil
 import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -53,18 +54,62 @@ def _build() -> ModuleType:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
             pass
-    from torch.utils.cpp_extension import load
+    from torch.utils import cpp_extension
 
     # The build is cached by a hash of the sources and flags; the header's hash goes into the
     # flags so that a changed header rebuilds too.
     flags = ["-O3", "-fopenmp", "-march=native", f"-DSTRUCTATTN_HEADER_HASH={header_hash()}"]
-    return load(
-        name=_NAME,
-        sources=[str(p) for p in _SOURCES],
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"],
-        verbose=os.environ.get("STRUCTATTN_VERBOSE_BUILD", "") not in ("", "0"),
-    )
+    with _build_lock(_build_directory()):
+        return cpp_extension.load(
+            name=_NAME,
+            sources=[str(p) for p in _SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            verbose=os.environ.get("STRUCTATTN_VERBOSE_BUILD", "") not in ("", "0"),
+        )
+
+
+def _build_directory() -> Path | None:
+    """Where torch builds and caches the extension (None if this torch does not say)."""
+    from torch.utils import cpp_extension
+
+    where = getattr(cpp_extension, "_get_build_directory", None)
+    return None if where is None else Path(where(_NAME, False))
+
+
+@contextmanager
+def _build_lock(build_dir: Path | None):
+    """Hold an OS lock on the build folder while torch loads or builds the extension, and
+    clear a stale torch build lock inside it.
+
+    torch marks a build in progress with a ``lock`` file and every later load waits for it to
+    go, without limit; a process killed mid-build (Ctrl-C, SIGTERM, a timeout) leaves it behind
+    and every later process would hang. This lock is released by the OS when its holder dies,
+    so while it is held no other structattn process is building here and a ``lock`` file found
+    is stale."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): torch's own lock alone
+        fcntl = None
+    if build_dir is None or fcntl is None:
+        yield
+        return
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(build_dir / "structattn-build.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for another process building here
+        baton = build_dir / "lock"
+        if baton.exists():
+            baton.unlink()
+            warnings.warn(
+                f"structattn: removed a stale build lock ({baton}) left by a process stopped "
+                "while building the C++ kernel",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def header_hash() -> str:
