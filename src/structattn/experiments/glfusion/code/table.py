@@ -311,6 +311,16 @@ def plot_table(results: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def _tune_others(jobs: _Jobs, root: Path, tuned, sweeps, lr_sweep, llm_lr_sweep, log):
+    """``tuned`` and ``sweeps`` with the folder's other rows at the rates their finished sweeps
+    chose: a call for one row still tables the others, not at their config's default rate."""
+    others = [r for r, _ in finished_folders(root) if r in ROWS and _base_model(r) not in tuned]
+    more, more_sweeps = _tune(jobs, root, others, lr_sweep, llm_lr_sweep, log, False)
+    order = list(dict.fromkeys(_base_model(r) for r in ROWS))
+    sweeps = dict(sorted({**more_sweeps, **sweeps}.items(), key=lambda kv: order.index(kv[0])))
+    return {**more, **tuned}, sweeps
+
+
 def _with_other_runs(jobs: _Jobs, root: Path, runs, finals, tuned) -> tuple[dict, list[str]]:
     """``finals`` and every other finished run of ``root`` whose config is the one this call
     gives its row (the table is the union of the folder's finished runs); those of another
@@ -357,13 +367,7 @@ def code_names_table(
         for row in rows for s in seeds
     ]  # fmt: skip
     done = run_sweep(runs, train_missing, root, log=log)
-    # the folder's other rows at the rates their finished sweeps chose (a call for one row
-    # still tables the others, not at their config's default rate)
-    others = [r for r, _ in finished_folders(root) if r in ROWS and _base_model(r) not in tuned]
-    more, more_sweeps = _tune(jobs, root, others, lr_sweep, llm_lr_sweep, log, False)
-    tuned, sweeps = {**more, **tuned}, {**more_sweeps, **sweeps}
-    order = list(dict.fromkeys(_base_model(r) for r in ROWS))
-    sweeps = dict(sorted(sweeps.items(), key=lambda kv: order.index(kv[0])))
+    tuned, sweeps = _tune_others(jobs, root, tuned, sweeps, lr_sweep, llm_lr_sweep, log)
     finals, left_out = _with_other_runs(jobs, root, runs, done.finals, tuned)
     if not finals:
         raise RunError(f"no finished run under {root}; train them first")
