@@ -217,11 +217,7 @@ class NodeClassification(Experiment):
                                             stop=stop_signal)}  # fmt: skip
             probs = head_probabilities(model, val, self.encode, self.label_choices,
                                        cfg.eval_batch_size, stop=stop_signal)  # fmt: skip
-            if cfg.heads == "lm":
-                return {"acc": head_accuracies(probs, 0.0)["lm"]}
-            weight = cfg.ensemble_weight
-            weight = choose_ensemble_weight(probs) if weight is None else weight
-            return {"acc": head_accuracies(probs, weight)["ensemble"]}
+            return {"acc": head_accuracies(probs, _ensemble_weight(cfg, probs))["ensemble"]}
 
     def evaluate(self, model: GLFusionForCausalLM, progress: bool = False):
         """Val and test accuracy of both heads and the ensemble, and the ensemble's weight."""
@@ -233,11 +229,7 @@ class NodeClassification(Experiment):
             )
             for s in ("val", "test")
         }  # fmt: skip
-        weight = cfg.ensemble_weight
-        if cfg.heads != "both":  # one trained head: the ensemble is that head
-            weight = 1.0 if cfg.heads == "gnn" else 0.0
-        elif weight is None:
-            weight = choose_ensemble_weight(probs["val"])  # on validation, never test
+        weight = _ensemble_weight(cfg, probs["val"])  # on validation, never test
         return {s: head_accuracies(p, weight) for s, p in probs.items()}, weight
 
     def baselines(self, progress: bool = False) -> dict[str, dict[str, float]]:
@@ -266,6 +258,16 @@ class NodeClassification(Experiment):
         if engine.is_main:
             engine.dir.write_text("results.md", results_table(json_safe(results)) + "\n")
         return results
+
+
+def _ensemble_weight(cfg: GLFusionTrainConfig, val_probs: dict) -> float:
+    """The GNN head's weight in the ensemble: 1 or 0 with one trained head (the ensemble is that
+    head), else the config's or the one chosen on ``val_probs``."""
+    if cfg.heads != "both":
+        return 1.0 if cfg.heads == "gnn" else 0.0
+    if cfg.ensemble_weight is not None:
+        return cfg.ensemble_weight
+    return choose_ensemble_weight(val_probs)
 
 
 def _results(task: NodeClassification, heads, weight, baselines, fit: FitResult) -> dict:
